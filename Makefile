@@ -1,0 +1,33 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast proto bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## make run: start the local stack and print its endpoints (Ctrl-C stops it).
+run: $(STAMP)
+	$(VENV)/bin/tollgate infra up --data-dir .tollgate/infra
+
+## make test: the whole suite against a real PostgreSQL and Kafka-protocol broker.
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+## make test-fast: everything but the cases marked slow.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m 'not slow'
+
+## make proto: regenerate tollgate/v1/*_pb2*.py from protos/.
+proto: $(STAMP)
+	$(PY) -m tollgate.protogen
+
+clean:
+	rm -rf $(VENV) .tollgate

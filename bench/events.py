@@ -1,0 +1,165 @@
+"""Event pipeline throughput and latency: append → relay → Kafka → tracking consumer.
+
+    python -m bench.events [--events N] [--writers W] [--batch B]
+
+Starts its own PostgreSQL and broker (or uses TOLLGATE_DATABASE_URL /
+TOLLGATE_KAFKA_BOOTSTRAP), then runs two phases over fresh runs: single-event
+appends and batched appends.  For each it reports events/s end to end (first
+append to last event applied by the consumer) and the publish latency from
+the append's commit to the consumer applying it.  The last line is one JSON
+object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.core.consumer import TrackingConsumer
+from services.core.db import create_engine
+from services.core.eventstore import EventStore
+from services.core.infra import LocalInfra, create_topic
+from services.core.relay import OutboxRelay
+from services.core.runs import NewEvent, NewRun, RunState
+from tollgate.v1 import events_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseResult:
+    name: str
+    events: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def write_runs(store: EventStore, runs: int, per_run: int, batch: int, committed: dict) -> None:  # type: ignore[type-arg]
+    """One writer: `runs` runs of `per_run` events, appended `batch` at a time."""
+    for _ in range(runs):
+        run_id = str(uuid.uuid4())
+        seq = 0
+        while seq < per_run:
+            size = min(batch, per_run - seq)
+            events = [_event(seq + i) for i in range(size)]
+            new_run = NewRun("bench", "tiny") if seq == 0 else None
+            await store.append(run_id, seq, events, new_run=new_run)
+            now = time.perf_counter()
+            for i in range(size):
+                committed[(run_id, seq + i + 1)] = now
+            seq += size
+
+
+def _event(index: int) -> NewEvent:
+    if index == 0:
+        return NewEvent(RunState.QUEUED, {"model": "tiny"})
+    if index == 1:
+        return NewEvent(RunState.PREFILL)
+    return NewEvent(RunState.STREAMING, {"token_ids": [index], "text": "x"})
+
+
+async def run_phase(
+    engine: AsyncEngine, bootstrap: str, name: str, *, events: int, writers: int, batch: int
+) -> PhaseResult:
+    topic = f"bench-{name}-{uuid.uuid4().hex[:8]}"
+    await create_topic(bootstrap, topic, 8)
+    committed: dict[tuple[str, int], float] = {}
+    applied: dict[tuple[str, int], float] = {}
+    done = asyncio.Event()
+
+    async def handler(_: AsyncConnection, event: events_pb2.RunEvent) -> None:
+        applied[(event.run_id, event.seq)] = time.perf_counter()
+        if len(applied) >= events:
+            done.set()
+
+    relay = OutboxRelay(engine, bootstrap, topic=topic)
+    consumer = TrackingConsumer(engine, bootstrap, group_id=topic, handler=handler, topic=topic)
+    tasks = [asyncio.create_task(relay.run()), asyncio.create_task(consumer.run())]
+    await relay.is_leader.wait()
+    await consumer.started.wait()
+    await asyncio.sleep(1.0)  # let the consumer group settle before timing
+    per_run = 32
+    runs_per_writer = max(1, events // (per_run * writers))
+    total = runs_per_writer * per_run * writers
+    store = EventStore(engine)
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(write_runs(store, runs_per_writer, per_run, batch, committed) for _ in range(writers))
+    )
+    while len(applied) < total:
+        await asyncio.sleep(0.01)
+    seconds = max(applied.values()) - started
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    latencies = [(applied[key] - committed[key]) * 1000 for key in committed]
+    return PhaseResult(name, total, seconds, latencies)
+
+
+async def bench(args: argparse.Namespace, database_url: str, bootstrap: str) -> list[PhaseResult]:
+    engine = create_engine(database_url, pool_size=args.writers + 4)
+    try:
+        results = []
+        for name, batch in (("single", 1), ("batched", args.batch)):
+            progress(f"phase {name}: {args.events} events, {args.writers} writers, batch {batch}")
+            result = await run_phase(
+                engine, bootstrap, name, events=args.events, writers=args.writers, batch=batch
+            )
+            progress(f"phase {name}: {result.events_per_second:,.0f} events/s")
+            results.append(result)
+        return results
+    finally:
+        await engine.dispose()
+
+
+def report(results: list[PhaseResult]) -> dict[str, float]:
+    print(f"{'appends':<10}{'events':>8}{'events/s':>12}{'p50 ms':>10}{'p99 ms':>10}")
+    figures: dict[str, float] = {}
+    for r in results:
+        p50, p99 = r.percentile(0.5), r.percentile(0.99)
+        print(f"{r.name:<10}{r.events:>8}{r.events_per_second:>12,.0f}{p50:>10.1f}{p99:>10.1f}")
+        figures[f"{r.name}_events_per_second"] = round(r.events_per_second, 1)
+        figures[f"{r.name}_latency_p50_ms"] = round(p50, 2)
+        figures[f"{r.name}_latency_p99_ms"] = round(p99, 2)
+        figures[f"{r.name}_latency_mean_ms"] = round(statistics.fmean(r.latencies_ms), 2)
+    figures["batched_vs_single"] = round(
+        results[1].events_per_second / results[0].events_per_second, 2
+    )
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=4096, help="events per phase")
+    parser.add_argument("--writers", type=int, default=8, help="concurrent appenders")
+    parser.add_argument("--batch", type=int, default=16, help="events per append, batched phase")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tollgate-bench-") as tmp:
+        with LocalInfra(Path(tmp)) as endpoints:
+            results = asyncio.run(bench(args, endpoints.database_url, endpoints.kafka_bootstrap))
+    print(json.dumps(report(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

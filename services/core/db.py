@@ -1,0 +1,28 @@
+"""Database connections: one async SQLAlchemy engine per process."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+# Notified in the transaction that appends events; delivered when it commits.
+EVENTS_CHANNEL = "tollgate_run_events"
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accepts libpq-style `postgresql://` URLs and selects the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def libpq_url(url: str) -> str:
+    """The same database as a plain libpq URL, for psycopg connections."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False
+    )

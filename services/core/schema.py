@@ -1,0 +1,59 @@
+"""SQLAlchemy Core tables: the one place the schema is named in Python.
+
+The schema itself changes only through the Alembic migrations in migrations/.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = sa.MetaData()
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("priority", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("last_seq", sa.BigInteger, nullable=False),
+    sa.Column("owner", sa.Text),
+    sa.Column("lease_epoch", sa.BigInteger, nullable=False),
+    sa.Column("idempotency_key", sa.Text),
+    sa.Column("request_hash", sa.Text),
+    sa.Column("finish_reason", sa.Text),
+    sa.Column("usage", JSONB, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+run_events = sa.Table(
+    "run_events",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("payload", JSONB, nullable=False),
+    sa.Column("traceparent", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+)
+
+consumer_tracking = sa.Table(
+    "consumer_tracking",
+    metadata,
+    sa.Column("consumer", sa.Text, primary_key=True),
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True),
+    sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
+)

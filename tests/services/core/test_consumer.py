@@ -1,0 +1,153 @@
+import asyncio
+import contextlib
+import uuid
+
+import sqlalchemy as sa
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.core.consumer import TrackingConsumer
+from services.core.eventstore import EventStore
+from services.core.relay import OutboxRelay
+from services.core.runs import NewEvent, RunState
+from tests.services.core.events import start_run
+from tests.services.core.kafka_tools import read_topic, wait_for
+from tollgate.v1 import events_pb2
+
+GROUP = "test-effects"
+
+
+async def record_effect(conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+    """The consumer's effect: counts how often each (run_id, seq) was applied."""
+    await conn.execute(
+        sa.text(
+            "INSERT INTO effects (run_id, seq, applied) VALUES (:r, :s, 1) "
+            "ON CONFLICT (run_id, seq) DO UPDATE SET applied = effects.applied + 1"
+        ),
+        {"r": event.run_id, "s": event.seq},
+    )
+
+
+async def applied_effects(engine: AsyncEngine) -> dict[tuple[str, int], int]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(sa.text("SELECT run_id, seq, applied FROM effects"))
+        return {(r.run_id, r.seq): r.applied for r in rows}
+
+
+async def create_effects_table(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "CREATE TABLE IF NOT EXISTS effects "
+                "(run_id text, seq bigint, applied int, PRIMARY KEY (run_id, seq))"
+            )
+        )
+
+
+async def consume_all(
+    engine: AsyncEngine,
+    bootstrap: str,
+    topic: str,
+    *,
+    min_events: int,
+    consumer_class: type[TrackingConsumer] = TrackingConsumer,
+) -> None:
+    """Runs a tracking consumer until `min_events` distinct effects exist."""
+    await create_effects_table(engine)
+    consumer = consumer_class(
+        engine, bootstrap, group_id=GROUP, handler=record_effect, topic=topic, session_timeout_ms=2000
+    )
+    task = asyncio.create_task(consumer.run())
+    try:
+
+        async def done() -> bool:
+            if task.done():
+                return True
+            return len(await applied_effects(engine)) >= min_events
+
+        await wait_for(done, timeout=30)
+        await asyncio.sleep(0.5)  # let duplicates, if any, be processed too
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+            await task
+
+
+async def publish(store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int) -> list[str]:
+    runs = [await start_run(store) for _ in range(n)]
+    for run_id in runs:
+        await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
+    relay = OutboxRelay(engine, bootstrap, topic=topic)
+    task = asyncio.create_task(relay.run())
+    await read_topic(bootstrap, topic, min_records=2 * n)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return runs
+
+
+class CrashBeforeOffsetCommit(TrackingConsumer):
+    """Dies after its database transaction commits, before the offset commit."""
+
+    async def commit_offsets(self, consumer, offsets):  # type: ignore[no-untyped-def]
+        raise RuntimeError("killed between effect and offset commit")
+
+
+async def committed_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int | None]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        return {tp: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()
+
+
+async def test_crash_between_effect_and_offset_commit_applies_nothing_twice(
+    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    runs = await publish(store, engine, kafka_bootstrap, kafka_topic, 4)
+    await consume_all(
+        engine, kafka_bootstrap, kafka_topic, min_events=1, consumer_class=CrashBeforeOffsetCommit
+    )
+    first = await applied_effects(engine)
+    assert first and all(n == 1 for n in first.values())
+    assert not any( (await committed_offsets(kafka_bootstrap, kafka_topic)).values())
+
+    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=8)
+    assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}
+
+
+async def test_seeking_the_group_back_changes_no_state(
+    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    runs = await publish(store, engine, kafka_bootstrap, kafka_topic, 5)
+    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=10)
+    expected = {(r, s): 1 for r in runs for s in (1, 2)}
+    assert await applied_effects(engine) == expected
+
+    committed = await committed_offsets(kafka_bootstrap, kafka_topic)
+    rewind = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=GROUP, enable_auto_commit=False)
+    await rewind.start()
+    rewind.assign(list(committed))
+    await rewind.commit({tp: max(0, (off or 0) - 3) for tp, off in committed.items()})
+    await rewind.stop()
+
+    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=10)
+    assert await applied_effects(engine) == expected
+    async with engine.connect() as conn:
+        tracked = await conn.scalar(sa.text("SELECT count(*) FROM consumer_tracking"))
+    assert tracked == 10
+
+
+async def test_duplicate_delivery_in_one_batch_is_applied_once(
+    store: EventStore, engine: AsyncEngine
+) -> None:
+    from aiokafka.structs import ConsumerRecord
+
+    await create_effects_table(engine)
+    event = events_pb2.RunEvent(run_id=str(uuid.uuid4()), seq=1, state=events_pb2.RUN_STATE_QUEUED)
+    record = ConsumerRecord("t", 0, 0, 0, 0, None, event.SerializeToString(), None, 0, 0, [])
+    consumer = TrackingConsumer(engine, "unused:0", group_id=GROUP, handler=record_effect)
+    assert await consumer.apply([record, record]) == 1
+    assert await consumer.apply([record]) == 0
+    assert await applied_effects(engine) == {(event.run_id, 1): 1}

@@ -1,0 +1,148 @@
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.eventstore import (
+    ConcurrencyConflict,
+    EventStore,
+    IdempotencyKeyTaken,
+    RunNotFound,
+    StaleLease,
+)
+from services.core.runs import IllegalTransition, NewEvent, NewRun, RunState
+from tests.services.core.events import new_run_id, seqs, start_run, streaming
+
+S = RunState
+
+
+async def count_rows(engine: AsyncEngine, table: str, run_id: str) -> int:
+    async with engine.connect() as conn:
+        query = sa.text(f"SELECT count(*) FROM {table} WHERE run_id = :r")
+        return int(await conn.scalar(query, {"r": run_id}) or 0)
+
+
+async def test_append_and_read_back(store: EventStore) -> None:
+    run_id = await start_run(store)
+    await store.append(run_id, 1, [NewEvent(S.PREFILL), streaming(5, 6)])
+    events = await store.read(run_id)
+    assert seqs(events) == [1, 2, 3]
+    assert [e.kind for e in events] == [S.QUEUED, S.PREFILL, S.STREAMING]
+    assert events[2].payload == {"token_ids": [5, 6], "text": "xx"}
+    assert seqs(await store.read(run_id, after_seq=2)) == [3]
+    run = await store.get_run(run_id)
+    assert run is not None and run.state == S.STREAMING and run.last_seq == 3
+
+
+async def test_fifty_concurrent_appenders_exactly_one_wins(store: EventStore) -> None:
+    run_id = await start_run(store)
+    await store.append(run_id, 1, [NewEvent(S.PREFILL)])
+
+    async def attempt(i: int) -> bool:
+        try:
+            await store.append(run_id, 2, [streaming(i)])
+        except ConcurrencyConflict:
+            return False
+        return True
+
+    results = await asyncio.gather(*(attempt(i) for i in range(50)))
+    assert sum(results) == 1
+    # Everyone retries from the true head: the stream stays gapless.
+    for i in range(10):
+        head = (await store.get_run(run_id)).last_seq  # type: ignore[union-attr]
+        await store.append(run_id, head, [streaming(100 + i)])
+    assert seqs(await store.read(run_id)) == list(range(1, 14))
+
+
+async def test_concurrent_first_appends_of_one_run(store: EventStore) -> None:
+    run_id = new_run_id()
+    results = await asyncio.gather(
+        *(start_run(store, run_id) for _ in range(20)), return_exceptions=True
+    )
+    assert sum(1 for r in results if r == run_id) == 1
+    assert all(isinstance(r, ConcurrencyConflict) for r in results if r != run_id)
+    assert seqs(await store.read(run_id)) == [1]
+
+
+@pytest.mark.parametrize(
+    ("history", "illegal"),
+    [
+        ([S.PREFILL, S.STREAMING, S.COMPLETED], S.STREAMING),
+        ([S.PREFILL, S.STREAMING, S.COMPLETED], S.FAILED),
+        ([S.CANCELLED], S.CANCELLED),
+        ([S.CANCELLED, S.BILLED], S.BILLED),
+        ([S.CANCELLED, S.BILLED], S.STREAMING),
+        ([S.PREFILL, S.STREAMING], S.BILLED),
+    ],
+    ids=[
+        "streaming-after-completed",
+        "second-terminal",
+        "second-cancelled",
+        "second-billed",
+        "anything-after-billed",
+        "billed-before-terminal",
+    ],
+)
+async def test_illegal_transition_raises_and_writes_nothing(
+    store: EventStore, engine: AsyncEngine, history: list[RunState], illegal: RunState
+) -> None:
+    run_id = await start_run(store)
+    await store.append(run_id, 1, [NewEvent(kind) for kind in history])
+    before = await store.get_run(run_id)
+    with pytest.raises(IllegalTransition):
+        await store.append(run_id, before.last_seq, [NewEvent(illegal)])  # type: ignore[union-attr]
+    assert await store.get_run(run_id) == before
+    assert await count_rows(engine, "run_events", run_id) == before.last_seq  # type: ignore[union-attr]
+
+
+async def test_illegal_event_in_a_batch_rejects_the_whole_batch(store: EventStore) -> None:
+    run_id = await start_run(store)
+    with pytest.raises(IllegalTransition):
+        await store.append(run_id, 1, [NewEvent(S.PREFILL), NewEvent(S.BILLED)])
+    assert seqs(await store.read(run_id)) == [1]
+
+
+async def test_stale_lease_epoch_is_rejected(store: EventStore) -> None:
+    run_id = await start_run(store)
+    old = await store.acquire_lease(run_id, "worker-a")
+    new = await store.acquire_lease(run_id, "worker-b")
+    assert new == old + 1
+    with pytest.raises(StaleLease):
+        await store.append(run_id, 1, [NewEvent(S.PREFILL)], lease_epoch=old)
+    await store.append(run_id, 1, [NewEvent(S.PREFILL)], lease_epoch=new)
+    run = await store.get_run(run_id)
+    assert run is not None and run.owner == "worker-b" and run.last_seq == 2
+
+
+async def test_append_batch_is_all_or_nothing(store: EventStore) -> None:
+    from services.core.eventstore import Append
+
+    a, b = await start_run(store), await start_run(store)
+    with pytest.raises(ConcurrencyConflict):
+        await store.append_batch(
+            [Append(a, 1, [NewEvent(S.PREFILL)]), Append(b, 7, [NewEvent(S.PREFILL)])]
+        )
+    assert seqs(await store.read(a)) == [1]
+    stored = await store.append_batch(
+        [Append(a, 1, [NewEvent(S.PREFILL)]), Append(b, 1, [NewEvent(S.PREFILL)])]
+    )
+    assert [(e.run_id, e.seq) for e in stored] == [(a, 2), (b, 2)]
+
+
+async def test_idempotency_key_names_one_run(store: EventStore) -> None:
+    first, second = new_run_id(), new_run_id()
+    queued = [NewEvent(S.QUEUED)]
+    await store.append(first, 0, queued, new_run=NewRun("t1", "tiny", idempotency_key="k"))
+    with pytest.raises(IdempotencyKeyTaken) as caught:
+        await store.append(second, 0, queued, new_run=NewRun("t1", "tiny", idempotency_key="k"))
+    assert caught.value.existing_run_id == first
+    # Keys are per tenant.
+    await store.append(second, 0, queued, new_run=NewRun("t2", "tiny", idempotency_key="k"))
+
+
+async def test_unknown_run(store: EventStore) -> None:
+    with pytest.raises(RunNotFound):
+        await store.append("nope", 1, [NewEvent(S.PREFILL)])
+    with pytest.raises(RunNotFound):
+        await store.acquire_lease("nope", "w")

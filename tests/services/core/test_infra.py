@@ -1,0 +1,147 @@
+import asyncio
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import sqlalchemy as sa
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from services.core.infra import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, Endpoints
+from services.core.infra_process import die_with_parent
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# Tansu answers JoinGroup only after half the session timeout (5 s by default).
+GROUP_OPTIONS = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 300}
+
+
+async def consume(bootstrap: str, topic: str, group: str, count: int) -> list[bytes]:
+    """At least `count` values from where `group` left off; commits what it read."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **GROUP_OPTIONS,
+    )
+    await consumer.start()
+    try:
+        values: list[bytes] = []
+        async with asyncio.timeout(20):
+            while len(values) < count:
+                batch = await consumer.getmany(timeout_ms=200)
+                values += [record.value for records in batch.values() for record in records]
+        await consumer.commit()
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def test_broker_round_trip_resumes_group_after_committed_offset(
+    kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    group = f"group-{uuid.uuid4()}"
+    try:
+        for value in (b"v0", b"v1", b"v2"):
+            await producer.send_and_wait(kafka_topic, value, key=b"run-1")
+        assert await consume(kafka_bootstrap, kafka_topic, group, 3) == [b"v0", b"v1", b"v2"]
+        await producer.send_and_wait(kafka_topic, b"v3", key=b"run-1")
+        assert await consume(kafka_bootstrap, kafka_topic, group, 1) == [b"v3"]
+    finally:
+        await producer.stop()
+
+
+def test_postgres_answers_through_sqlalchemy_and_psycopg(infra: Endpoints) -> None:
+    assert infra.database_url.startswith("postgresql+psycopg://")
+    engine = sa.create_engine(infra.database_url)
+    try:
+        with engine.connect() as connection:
+            assert connection.scalar(sa.text("SELECT 1")) == 1
+    finally:
+        engine.dispose()
+
+
+def table_names(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_each_test_gets_a_fresh_migrated_database(
+    infra: Endpoints, database_url: str, attempt: int
+) -> None:
+    # Whichever attempt runs second fails if it sees the first one's table.
+    assert database_url != infra.database_url
+    assert table_names(database_url) == table_names(infra.database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("CREATE TABLE isolation_probe (attempt int)"))
+    finally:
+        engine.dispose()
+
+
+def read_line(process: subprocess.Popen[str], timeout: float) -> str:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    return process.stdout.readline() if ready else ""
+
+
+def assert_endpoints_answer(endpoints: dict[str, str]) -> None:
+    engine = sa.create_engine(endpoints["database_url"])
+    try:
+        with engine.connect() as connection:
+            assert connection.scalar(sa.text("SELECT 1")) == 1
+    finally:
+        engine.dispose()
+    host, port = endpoints["kafka_bootstrap"].rsplit(":", 1)
+    socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_infra_up_prints_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    data_dir = tmp_path / "infra"
+    # The command must start its own servers here, whatever the suite runs against.
+    env = {k: v for k, v in os.environ.items() if k not in (DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV)}
+    command = [sys.executable, "-m", "tollgate.cli", "infra", "up", "--data-dir", str(data_dir)]
+    with open(tmp_path / "stderr.log", "wb") as stderr:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
+        )
+    try:
+        line = read_line(process, timeout=120)
+        assert line, (tmp_path / "stderr.log").read_text()
+        endpoints = json.loads(line)
+        assert json.loads((data_dir / "infra.json").read_text()) == endpoints
+        assert_endpoints_answer(endpoints)
+        children = psutil.Process(process.pid).children(recursive=True)
+        names = " ".join(" ".join(child.cmdline()) for child in children)
+        assert "postgres" in names and "tansu" in names
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == []
+    finally:
+        if process.poll() is None:
+            process.kill()  # its servers die with it
+            process.wait()

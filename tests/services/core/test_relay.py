@@ -1,0 +1,141 @@
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.eventstore import Append, EventStore, append_in
+from services.core.relay import OutboxRelay
+from services.core.runs import NewEvent, NewRun, RunState
+from tests.services.core.events import new_run_id, start_run, streaming
+from tests.services.core.kafka_tools import read_topic, wait_for
+from tollgate.v1 import events_pb2
+
+
+@contextlib.asynccontextmanager
+async def running(relay: OutboxRelay) -> AsyncIterator[OutboxRelay]:
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.wait_for(relay.is_leader.wait(), 20)
+        yield relay
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def ids_of(records: list) -> list[tuple[str, int]]:  # type: ignore[type-arg]
+    decoded = [events_pb2.RunEvent.FromString(r.value) for r in records]
+    return [(e.run_id, e.seq) for e in decoded]
+
+
+async def test_publishes_every_event_in_per_run_order(
+    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    runs = [await start_run(store) for _ in range(5)]
+    for run_id in runs:
+        await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
+        for seq in range(2, 8):
+            await store.append(run_id, seq, [streaming(seq)])
+    async with running(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic)):
+        records = await read_topic(kafka_bootstrap, kafka_topic, min_records=40)
+    published = ids_of(records)
+    assert Counter(published) == Counter((r, s) for r in runs for s in range(1, 9))
+    for run_id in runs:
+        assert [s for r, s in published if r == run_id] == list(range(1, 9))
+    assert all(r.key == ids[0].encode() for r, ids in zip(records, published))
+
+
+async def test_notify_wakes_the_relay_without_polling(
+    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    relay = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, poll_interval=60)
+    async with running(relay):
+        await asyncio.sleep(0.3)  # the relay is now parked waiting for a notification
+        started = time.monotonic()
+        run_id = await start_run(store)
+        records = await read_topic(kafka_bootstrap, kafka_topic, min_records=1, timeout=10)
+        assert ids_of(records) == [(run_id, 1)]
+        # Far below the 60 s poll interval: only the notification can explain it.
+        assert time.monotonic() - started < 5
+
+
+async def test_late_committing_transaction_is_not_skipped(
+    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    relay = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, poll_interval=0.2)
+    async with running(relay):
+        slow_run, fast_run = new_run_id(), new_run_id()
+        queued = [NewEvent(RunState.QUEUED)]
+        async with engine.begin() as slow:
+            # T1 takes the lower outbox id, then stalls before committing.
+            await append_in(slow, Append(slow_run, 0, queued, NewRun("t1", "tiny")))
+            await store.append(fast_run, 0, queued, new_run=NewRun("t1", "tiny"))
+            first = await read_topic(kafka_bootstrap, kafka_topic, min_records=1)
+            assert ids_of(first) == [(fast_run, 1)]
+            await asyncio.sleep(1.0)  # several relay passes go by meanwhile
+        records = await read_topic(kafka_bootstrap, kafka_topic, min_records=2)
+    assert sorted(ids_of(records)) == sorted([(fast_run, 1), (slow_run, 1)])
+
+
+async def test_only_one_relay_leads_and_another_takes_over(
+    engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    first = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, takeover_interval=0.1)
+    second = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, takeover_interval=0.1)
+    task_one = asyncio.create_task(first.run())
+    await asyncio.wait_for(first.is_leader.wait(), 20)
+    task_two = asyncio.create_task(second.run())
+    await asyncio.sleep(1.0)
+    assert not second.is_leader.is_set()
+    task_one.cancel()
+    started = time.monotonic()
+    await asyncio.wait_for(second.is_leader.wait(), 10)
+    assert time.monotonic() - started < 5
+    task_two.cancel()
+    await asyncio.gather(task_one, task_two, return_exceptions=True)
+
+
+@pytest.mark.slow
+async def test_relay_killed_after_ack_before_mark_is_taken_over(
+    store: EventStore,
+    engine: AsyncEngine,
+    database_url: str,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+) -> None:
+    runs = [await start_run(store) for _ in range(3)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.services.core.relay_proc", database_url, kafka_bootstrap, kafka_topic],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        if line.startswith("leading"):
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert line.startswith("acked 3"), line
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for run_id in runs:
+        await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
+    async with running(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic)):
+        records = await read_topic(kafka_bootstrap, kafka_topic, min_records=9)
+    published = Counter(ids_of(records))
+    # The killed relay's batch went out twice; everything after it once.
+    assert {key: n for key, n in published.items() if key[1] == 1} == {(r, 1): 2 for r in runs}
+    assert {key: n for key, n in published.items() if key[1] == 2} == {(r, 2): 1 for r in runs}
+
+    from tests.services.core.test_consumer import applied_effects, consume_all
+
+    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=6)
+    assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}

@@ -1,0 +1,1 @@
+"""Tollgate client SDK and command line."""

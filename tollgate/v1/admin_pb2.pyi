@@ -1,0 +1,83 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tenant(_message.Message):
+    __slots__ = ("tenant_id", "name", "weight", "quota")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    name: str
+    weight: int
+    quota: Quota
+    def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., weight: _Optional[int] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...
+
+class Quota(_message.Message):
+    __slots__ = ("tenant_id", "max_kv_blocks", "max_concurrent_runs")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_RUNS_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    max_kv_blocks: int
+    max_concurrent_runs: int
+    def __init__(self, tenant_id: _Optional[str] = ..., max_kv_blocks: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ...) -> None: ...
+
+class CreateTenantRequest(_message.Message):
+    __slots__ = ("name", "weight")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: int
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[int] = ...) -> None: ...
+
+class GetTenantRequest(_message.Message):
+    __slots__ = ("tenant_id",)
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
+
+class ListTenantsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTenantsResponse(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[Tenant]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ...) -> None: ...
+
+class ApiKey(_message.Message):
+    __slots__ = ("key_id", "tenant_id", "secret", "revoked")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    tenant_id: str
+    secret: str
+    revoked: bool
+    def __init__(self, key_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., secret: _Optional[str] = ..., revoked: _Optional[bool] = ...) -> None: ...
+
+class CreateApiKeyRequest(_message.Message):
+    __slots__ = ("tenant_id",)
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
+
+class RevokeApiKeyRequest(_message.Message):
+    __slots__ = ("key_id",)
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    def __init__(self, key_id: _Optional[str] = ...) -> None: ...
+
+class SetQuotaRequest(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: Quota
+    def __init__(self, quota: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...
