@@ -13,9 +13,9 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## make run: start the local stack and print its endpoints (Ctrl-C stops it).
+## make run: start the local stack (tollgate up) and run a short demo; Ctrl-C stops it.
 run: $(STAMP)
-	$(VENV)/bin/tollgate infra up --data-dir .tollgate/infra
+	$(PY) -m tollgate.demo
 
 ## make test: the whole suite against a real PostgreSQL and Kafka-protocol broker.
 test: $(STAMP)

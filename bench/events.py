@@ -54,7 +54,9 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def write_runs(store: EventStore, runs: int, per_run: int, batch: int, committed: dict) -> None:  # type: ignore[type-arg]
+async def write_runs(
+    store: EventStore, runs: int, per_run: int, batch: int, committed: dict
+) -> None:  # type: ignore[type-arg]
     """One writer: `runs` runs of `per_run` events, appended `batch` at a time."""
     for _ in range(runs):
         run_id = str(uuid.uuid4())
@@ -149,7 +151,9 @@ def report(results: list[PhaseResult]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=4096, help="events per phase")
     parser.add_argument("--writers", type=int, default=8, help="concurrent appenders")
     parser.add_argument("--batch", type=int, default=16, help="events per append, batched phase")

@@ -65,3 +65,11 @@ def kafka_topic(kafka_bootstrap: str) -> str:
     name = f"test-{uuid.uuid4()}"
     ensure_topics(kafka_bootstrap, [name], TOPIC_PARTITIONS)
     return name
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated tiny Llama model in Hugging Face format, shared by the session."""
+    from engine.tiny import init_tiny_model
+
+    return init_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 # and sets `func` on its parsers.
 COMMAND_MODULES = (
     "services.core.infra_cli",
+    "services.stack.cli",
     "engine.cli",
+    "tollgate.commands",
 )
 
 

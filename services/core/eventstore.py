@@ -139,9 +139,7 @@ async def _update_run(conn: AsyncConnection, view: RunView) -> None:
     )
 
 
-async def _insert_events(
-    conn: AsyncConnection, view: RunView, append: Append
-) -> list[StoredEvent]:
+async def _insert_events(conn: AsyncConnection, view: RunView, append: Append) -> list[StoredEvent]:
     first_seq = append.expected_seq + 1
     rows = [
         {
@@ -232,7 +230,9 @@ class EventStore:
                 stored.extend(await append_in(conn, append))
         return stored
 
-    async def read(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[StoredEvent]:
+    async def read(
+        self, run_id: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[StoredEvent]:
         query = (
             sa.select(run_events)
             .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)

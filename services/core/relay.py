@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaProducer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.codec import cloudevent_headers, to_proto
+from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import EVENTS_CHANNEL, libpq_url
 from services.core.eventstore import event_from_row
 from services.core.runs import StoredEvent
@@ -34,7 +35,7 @@ from services.core.telemetry import get_meter
 
 log = structlog.get_logger(__name__)
 
-RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
+
 # Arbitrary constant naming the relay's advisory lock.
 RELAY_LOCK_KEY = 0x746F6C6C  # "toll"
 

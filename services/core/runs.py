@@ -34,9 +34,7 @@ TERMINAL_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCE
 _TRANSITIONS: Mapping[RunState | None, frozenset[RunState]] = {
     None: frozenset({RunState.QUEUED}),
     RunState.QUEUED: frozenset({RunState.PREFILL, RunState.FAILED, RunState.CANCELLED}),
-    RunState.PREFILL: frozenset(
-        {RunState.QUEUED, RunState.STREAMING, *TERMINAL_STATES}
-    ),
+    RunState.PREFILL: frozenset({RunState.QUEUED, RunState.STREAMING, *TERMINAL_STATES}),
     RunState.STREAMING: frozenset({RunState.STREAMING, *TERMINAL_STATES}),
     RunState.COMPLETED: frozenset({RunState.BILLED}),
     RunState.FAILED: frozenset({RunState.BILLED}),

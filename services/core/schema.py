@@ -6,7 +6,7 @@ The schema itself changes only through the Alembic migrations in migrations/.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 
 metadata = sa.MetaData()
 
@@ -36,7 +36,8 @@ run_events = sa.Table(
     sa.Column("seq", sa.BigInteger, primary_key=True),
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("tenant_id", sa.Text, nullable=False),
-    sa.Column("payload", JSONB, nullable=False),
+    # `json`, not `jsonb`: generated text may contain U+0000.
+    sa.Column("payload", JSON, nullable=False),
     sa.Column("traceparent", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
@@ -56,4 +57,51 @@ consumer_tracking = sa.Table(
     sa.Column("run_id", sa.Text, primary_key=True),
     sa.Column("seq", sa.BigInteger, primary_key=True),
     sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("tenant_id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("weight", sa.Integer, nullable=False),
+    sa.Column("max_kv_blocks", sa.BigInteger, nullable=False),
+    sa.Column("max_concurrent_runs", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("secret_hash", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
+)
+
+kv_reservations = sa.Table(
+    "kv_reservations",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("num_blocks", sa.BigInteger, nullable=False),
+    sa.Column("reserved_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("released_at", sa.DateTime(timezone=True)),
+)
+
+ledger_entries = sa.Table(
+    "ledger_entries",
+    metadata,
+    sa.Column("entry_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("idempotency_key", sa.Text, nullable=False),
+    sa.Column("billing_type", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("quantity", sa.BigInteger, nullable=False),
+    sa.Column("unit_price_micros", sa.BigInteger, nullable=False),
+    sa.Column("amount_micros", sa.BigInteger, nullable=False),
+    sa.Column("currency", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )

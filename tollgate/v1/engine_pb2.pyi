@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AssignRunRequest(_message.Message):
-    __slots__ = ("run_id", "tenant_id", "model", "prompt_token_ids", "sampling", "priority", "lease_epoch", "traceparent")
+    __slots__ = ("run_id", "tenant_id", "model", "prompt_token_ids", "sampling", "priority", "lease_epoch", "traceparent", "last_seq", "cache_namespace")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,8 @@ class AssignRunRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     LEASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CACHE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant_id: str
     model: str
@@ -25,7 +27,9 @@ class AssignRunRequest(_message.Message):
     priority: _events_pb2.Priority
     lease_epoch: int
     traceparent: str
-    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_events_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_events_pb2.Priority, str]] = ..., lease_epoch: _Optional[int] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    last_seq: int
+    cache_namespace: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_events_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[_events_pb2.Priority, str]] = ..., lease_epoch: _Optional[int] = ..., traceparent: _Optional[str] = ..., last_seq: _Optional[int] = ..., cache_namespace: _Optional[str] = ...) -> None: ...
 
 class AssignRunResponse(_message.Message):
     __slots__ = ("worker_id",)

@@ -22,7 +22,9 @@ async def start_run(store: EventStore, run_id: str | None = None, tenant_id: str
 
 
 def streaming(*token_ids: int) -> NewEvent:
-    return NewEvent(RunState.STREAMING, {"token_ids": list(token_ids), "text": "x" * len(token_ids)})
+    return NewEvent(
+        RunState.STREAMING, {"token_ids": list(token_ids), "text": "x" * len(token_ids)}
+    )
 
 
 def seqs(events: list[StoredEvent]) -> list[int]:

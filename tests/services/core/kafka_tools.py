@@ -6,7 +6,9 @@ import time
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
 
-async def read_topic(bootstrap: str, topic: str, *, min_records: int, timeout: float = 20) -> list[ConsumerRecord]:
+async def read_topic(
+    bootstrap: str, topic: str, *, min_records: int, timeout: float = 20
+) -> list[ConsumerRecord]:
     """Every record on `topic`, once at least `min_records` are there."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()

@@ -21,7 +21,9 @@ class StallingRelay(OutboxRelay):
 
 
 async def main(database_url: str, bootstrap: str, topic: str) -> None:
-    relay = StallingRelay(create_engine(database_url), bootstrap, topic=topic, takeover_interval=0.1)
+    relay = StallingRelay(
+        create_engine(database_url), bootstrap, topic=topic, takeover_interval=0.1
+    )
     task = asyncio.create_task(relay.run())
     await relay.is_leader.wait()
     print("leading", flush=True)

@@ -55,7 +55,12 @@ async def consume_all(
     """Runs a tracking consumer until `min_events` distinct effects exist."""
     await create_effects_table(engine)
     consumer = consumer_class(
-        engine, bootstrap, group_id=GROUP, handler=record_effect, topic=topic, session_timeout_ms=2000
+        engine,
+        bootstrap,
+        group_id=GROUP,
+        handler=record_effect,
+        topic=topic,
+        session_timeout_ms=2000,
     )
     task = asyncio.create_task(consumer.run())
     try:
@@ -73,7 +78,9 @@ async def consume_all(
             await task
 
 
-async def publish(store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int) -> list[str]:
+async def publish(
+    store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int
+) -> list[str]:
     runs = [await start_run(store) for _ in range(n)]
     for run_id in runs:
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
@@ -93,7 +100,9 @@ class CrashBeforeOffsetCommit(TrackingConsumer):
 
 
 async def committed_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int | None]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=GROUP, enable_auto_commit=False
+    )
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
@@ -111,7 +120,7 @@ async def test_crash_between_effect_and_offset_commit_applies_nothing_twice(
     )
     first = await applied_effects(engine)
     assert first and all(n == 1 for n in first.values())
-    assert not any( (await committed_offsets(kafka_bootstrap, kafka_topic)).values())
+    assert not any((await committed_offsets(kafka_bootstrap, kafka_topic)).values())
 
     await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=8)
     assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}
@@ -126,7 +135,9 @@ async def test_seeking_the_group_back_changes_no_state(
     assert await applied_effects(engine) == expected
 
     committed = await committed_offsets(kafka_bootstrap, kafka_topic)
-    rewind = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=GROUP, enable_auto_commit=False)
+    rewind = AIOKafkaConsumer(
+        bootstrap_servers=kafka_bootstrap, group_id=GROUP, enable_auto_commit=False
+    )
     await rewind.start()
     rewind.assign(list(committed))
     await rewind.commit({tp: max(0, (off or 0) - 3) for tp, off in committed.items()})

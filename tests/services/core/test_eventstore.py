@@ -146,3 +146,12 @@ async def test_unknown_run(store: EventStore) -> None:
         await store.append("nope", 1, [NewEvent(S.PREFILL)])
     with pytest.raises(RunNotFound):
         await store.acquire_lease("nope", "w")
+
+
+async def test_text_with_nul_characters_round_trips(store: EventStore) -> None:
+    run_id = await start_run(store)
+    text = "a\x00b\ufffd\U0001f600"
+    await store.append(
+        run_id, 1, [NewEvent(S.PREFILL), NewEvent(S.STREAMING, {"token_ids": [0], "text": text})]
+    )
+    assert (await store.read(run_id, after_seq=2))[0].payload["text"] == text

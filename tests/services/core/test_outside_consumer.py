@@ -47,7 +47,7 @@ async def test_cloudevents_headers_and_protobuf_values(
     assert list(events[2].streaming.token_ids) == [7, 8]
     assert events[2].state == events_pb2.RUN_STATE_STREAMING
     assert events[2].time.seconds > 0
-    for record, event in zip(records, events):
+    for record, event in zip(records, events, strict=False):
         headers = {k: v.decode() for k, v in record.headers}
         kind = event.WhichOneof("kind")
         assert headers["ce_specversion"] == "1.0"

@@ -15,7 +15,7 @@ from services.core.eventstore import Append, EventStore, append_in
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, NewRun, RunState
 from tests.services.core.events import new_run_id, start_run, streaming
-from tests.services.core.kafka_tools import read_topic, wait_for
+from tests.services.core.kafka_tools import read_topic
 from tollgate.v1 import events_pb2
 
 
@@ -50,7 +50,7 @@ async def test_publishes_every_event_in_per_run_order(
     assert Counter(published) == Counter((r, s) for r in runs for s in range(1, 9))
     for run_id in runs:
         assert [s for r, s in published if r == run_id] == list(range(1, 9))
-    assert all(r.key == ids[0].encode() for r, ids in zip(records, published))
+    assert all(r.key == ids[0].encode() for r, ids in zip(records, published, strict=False))
 
 
 async def test_notify_wakes_the_relay_without_polling(
@@ -113,7 +113,14 @@ async def test_relay_killed_after_ack_before_mark_is_taken_over(
 ) -> None:
     runs = [await start_run(store) for _ in range(3)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.services.core.relay_proc", database_url, kafka_bootstrap, kafka_topic],
+        [
+            sys.executable,
+            "-m",
+            "tests.services.core.relay_proc",
+            database_url,
+            kafka_bootstrap,
+            kafka_topic,
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,0 +1,149 @@
+"""Tensors for one step, built from the batcher's plan.
+
+Single-token chunks come first, sorted by context length (longest first) and split into
+groups whose contexts pad to similar lengths; prefill chunks follow, one span each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.batcher import ScheduledChunk, StepPlan
+from engine.layers.paged_attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
+
+# Bounds the gather workspace (and the padded bias) of one decode group.
+_MAX_GROUP_TOKENS = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    attention: AttentionMetadata
+    logits_indices: torch.Tensor  # [N] rows of the hidden states to sample from
+    sampled: tuple[ScheduledChunk, ...]  # the chunk each sampled row belongs to
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    block_size: int
+    num_kv_heads: int
+    group_size: int
+
+
+def build_inputs(plan: StepPlan, shape: AttentionShape, workspace: Workspace) -> BatchInputs:
+    decodes = sorted(
+        (c for c in plan.chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
+    )
+    prefills = [c for c in plan.chunks if c.num_tokens > 1]
+    input_ids: list[int] = [c.seq.token_ids[c.start] for c in decodes]
+    positions: list[torch.Tensor] = [torch.tensor([c.start for c in decodes], dtype=torch.long)]
+    slots: list[torch.Tensor] = [
+        torch.tensor(
+            [_slot(c.seq.block_table, c.start, shape.block_size) for c in decodes], dtype=torch.long
+        )
+    ]
+    spans: list[PrefillSpan] = []
+    for chunk in prefills:
+        span_positions = torch.arange(chunk.start, chunk.start + chunk.num_tokens)
+        table = torch.tensor(chunk.seq.block_table, dtype=torch.long)
+        spans.append(_prefill_span(chunk, len(input_ids), table, shape.block_size))
+        input_ids.extend(chunk.seq.token_ids[chunk.start : chunk.start + chunk.num_tokens])
+        positions.append(span_positions)
+        slots.append(
+            table[span_positions // shape.block_size] * shape.block_size
+            + span_positions % shape.block_size
+        )
+    order = [*decodes, *prefills]
+    ends = torch.tensor([c.num_tokens for c in order], dtype=torch.long).cumsum(0) - 1
+    sampled_rows = [i for i, c in enumerate(order) if c.samples]
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(slots),
+        decode_groups=tuple(_decode_groups(decodes, shape, workspace.dtype)),
+        prefills=tuple(spans),
+        workspace=workspace,
+    )
+    return BatchInputs(
+        input_ids=torch.tensor(input_ids, dtype=torch.long),
+        positions=torch.cat(positions),
+        attention=meta,
+        logits_indices=ends[sampled_rows],
+        sampled=tuple(order[i] for i in sampled_rows),
+    )
+
+
+def _slot(block_table: list[int], position: int, block_size: int) -> int:
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+def _prefill_span(
+    chunk: ScheduledChunk, token_start: int, table: torch.Tensor, block_size: int
+) -> PrefillSpan:
+    context = chunk.start + chunk.num_tokens
+    mask = None
+    if chunk.start > 0:
+        # Query i sits at position start + i and sees every position up to its own.
+        queries = torch.arange(chunk.start, context).unsqueeze(1)
+        mask = torch.arange(context).unsqueeze(0) <= queries
+    return PrefillSpan(
+        token_start=token_start,
+        num_query=chunk.num_tokens,
+        context_len=context,
+        block_index=table[: -(-context // block_size)],
+        mask=mask,
+    )
+
+
+def _decode_groups(
+    decodes: list[ScheduledChunk], shape: AttentionShape, dtype: torch.dtype
+) -> list[DecodeGroup]:
+    """Split decodes (longest context first) so no group pads a context to more than twice
+    its size, nor gathers more than `_MAX_GROUP_TOKENS` positions."""
+    groups: list[DecodeGroup] = []
+    start = 0
+    while start < len(decodes):
+        widest = _num_blocks(decodes[start], shape.block_size)
+        limit = start + max(1, _MAX_GROUP_TOKENS // (widest * shape.block_size))
+        end = start + 1
+        while (
+            end < min(len(decodes), limit)
+            and 2 * _num_blocks(decodes[end], shape.block_size) > widest
+        ):
+            end += 1
+        groups.append(_decode_group(decodes[start:end], start, widest, shape, dtype))
+        start = end
+    return groups
+
+
+def _num_blocks(chunk: ScheduledChunk, block_size: int) -> int:
+    return -(-(chunk.start + 1) // block_size)
+
+
+def _decode_group(
+    chunks: list[ScheduledChunk],
+    token_start: int,
+    max_blocks: int,
+    shape: AttentionShape,
+    dtype: torch.dtype,
+) -> DecodeGroup:
+    index: list[int] = []
+    for chunk in chunks:
+        table = chunk.seq.block_table[:max_blocks]
+        index.extend(table)
+        index.extend([0] * (max_blocks - len(table)))
+    length = max_blocks * shape.block_size
+    context = torch.tensor([c.start + 1 for c in chunks], dtype=torch.long)
+    padding = torch.arange(length).unsqueeze(0) >= context.unsqueeze(1)  # [n, L]
+    bias = torch.zeros(len(chunks), length, dtype=dtype).masked_fill(padding, float("-inf"))
+    n, kvh, g = len(chunks), shape.num_kv_heads, shape.group_size
+    # Laid out (kv head, sequence) to match the gathered keys: [KVH * n, G, L].
+    bias = bias.unsqueeze(0).unsqueeze(2).expand(kvh, n, g, length).reshape(kvh * n, g, length)
+    return DecodeGroup(
+        token_start=token_start,
+        num_seqs=n,
+        max_blocks=max_blocks,
+        block_index=torch.tensor(index, dtype=torch.long),
+        bias=bias,
+    )

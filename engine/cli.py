@@ -1,0 +1,132 @@
+"""`tollgate models ...` and `tollgate engine ...` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from engine.errors import EngineError
+
+
+def register(subparsers: Any) -> None:
+    """Add the engine's subcommands to the `tollgate` command's subparsers."""
+    _register_models(subparsers)
+    _register_engine(subparsers)
+
+
+def _register_models(subparsers: Any) -> None:
+    models = subparsers.add_parser("models", help="create and inspect model directories")
+    models.set_defaults(func=lambda args: _usage(models))
+    commands = models.add_subparsers(dest="models_command", metavar="COMMAND")
+    init = commands.add_parser(
+        "init-tiny", help="write a random-weight Llama model in Hugging Face format"
+    )
+    init.add_argument("dir", help="directory to write (created if missing)")
+    init.add_argument("--layers", type=int, default=2)
+    init.add_argument("--hidden", type=int, default=64)
+    init.add_argument("--heads", type=int, default=4)
+    init.add_argument("--kv-heads", type=int, default=2)
+    init.add_argument("--vocab", type=int, default=512, help="tokenizer vocabulary size (at most)")
+    init.add_argument(
+        "--intermediate", type=int, default=None, help="MLP width (default about 8/3 hidden)"
+    )
+    init.add_argument("--max-positions", type=int, default=8192)
+    init.add_argument("--architecture", choices=["llama", "qwen2"], default="llama")
+    init.add_argument("--seed", type=int, default=0)
+    init.set_defaults(func=_init_tiny)
+
+
+def _register_engine(subparsers: Any) -> None:
+    engine = subparsers.add_parser("engine", help="run the inference engine offline")
+    engine.set_defaults(func=lambda args: _usage(engine))
+    commands = engine.add_subparsers(dest="engine_command", metavar="COMMAND")
+    gen = commands.add_parser("generate", help="generate a completion for one prompt")
+    gen.add_argument("--model", required=True, help="Hugging Face model directory")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user message in the chat template"
+    )
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument(
+        "--json", action="store_true", help='print {"token_ids": [...], "text": "..."}'
+    )
+    gen.set_defaults(func=_generate)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _init_tiny(args: argparse.Namespace) -> int:
+    from engine.tiny import init_tiny_model
+
+    path = init_tiny_model(
+        args.dir,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        vocab=args.vocab,
+        intermediate=args.intermediate,
+        seed=args.seed,
+        max_position_embeddings=args.max_positions,
+        architecture=args.architecture,
+    )
+    print(path)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loader import load_model_config, load_tokenizer
+    from engine.sampling import SamplingParams
+
+    try:
+        tokenizer = load_tokenizer(args.model, load_model_config(args.model))
+        if args.chat:
+            prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+        else:
+            prompt = tokenizer.encode(args.prompt)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
+        # A pool sized for this one request: nothing else will run.
+        block_size = 16
+        blocks = -(-(len(prompt) + args.max_tokens) // block_size) + 1
+        config = EngineConfig(num_threads=args.threads, block_size=block_size, num_kv_blocks=blocks)
+        engine = LLMEngine.from_model_dir(args.model, config)
+        engine.add_request("cli", prompt, params)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    token_ids: list[int] = []
+    text: list[str] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            token_ids.extend(out.new_token_ids)
+            text.append(out.text_delta)
+            if not args.json:
+                sys.stdout.write(out.text_delta)
+                sys.stdout.flush()
+    if args.json:
+        print(json.dumps({"token_ids": token_ids, "text": "".join(text)}, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,156 @@
+"""Attention over a paged KV cache for a flat batch of decode tokens and prefill chunks.
+
+Layout of one layer's cache: [2, kv_heads, num_blocks * block_size, head_dim] (keys, values).
+Slot `s` of the flat token axis is position `s % block_size` of block `s // block_size`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Workspace:
+    """A reusable gather buffer: fresh large allocations page-fault on every step."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._buffer = torch.empty(0, dtype=dtype)
+
+    def buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
+        numel = 1
+        for size in shape:
+            numel *= size
+        if self._buffer.numel() < numel:
+            self._buffer = torch.empty(numel, dtype=self.dtype)
+        return self._buffer[:numel].view(shape)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    """Consecutive single-token queries whose contexts are padded to one length."""
+
+    token_start: int
+    num_seqs: int
+    max_blocks: int
+    block_index: torch.Tensor  # [num_seqs * max_blocks] block ids, padding points at block 0
+    bias: torch.Tensor  # [kv_heads * num_seqs, group_size, max_blocks * block_size]: 0 or -inf
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSpan:
+    """A chunk of `num_query` prompt tokens of one sequence with `context_len` tokens in view."""
+
+    token_start: int
+    num_query: int
+    context_len: int
+    block_index: torch.Tensor  # [num_blocks] the sequence's blocks
+    mask: torch.Tensor | None  # [num_query, context_len] bool, None when there is no cached prefix
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    """Where each token of the flat batch writes its key/value and what it attends to."""
+
+    slot_mapping: torch.Tensor  # [T]
+    decode_groups: tuple[DecodeGroup, ...]
+    prefills: tuple[PrefillSpan, ...]
+    workspace: Workspace
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.group_size = num_heads // num_kv_heads
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, KVH, D], kv_cache: [2, KVH, slots, D] -> [T, H * D]."""
+        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
+        for group in meta.decode_groups:
+            end = group.token_start + group.num_seqs
+            out[group.token_start : end] = self._decode(
+                q[group.token_start : end], kv_cache, group, meta.workspace
+            )
+        for span in meta.prefills:
+            end = span.token_start + span.num_query
+            rows = slice(span.token_start, end)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], kv_cache, span, meta.workspace)
+        return out
+
+    def _gather(
+        self, kv_cache: torch.Tensor, block_index: torch.Tensor, workspace: Workspace
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the listed blocks, each [KVH, len(block_index) * block_size, D]."""
+        kvh, row = self.num_kv_heads, self.block_size * self.head_dim
+        # Keys and values of every head in one copy: [2 * KVH, blocks, block_size * D].
+        blocks = kv_cache.view(2 * kvh, -1, row)
+        gathered = workspace.buffer((2 * kvh, block_index.numel(), row))
+        torch.index_select(blocks, 1, block_index, out=gathered)
+        both = gathered.view(2, kvh, -1, self.head_dim)
+        return both[0], both[1]
+
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup, workspace: Workspace
+    ) -> torch.Tensor:
+        n, kvh, g, d = group.num_seqs, self.num_kv_heads, self.group_size, self.head_dim
+        keys, values = self._gather(kv_cache, group.block_index, workspace)
+        length = group.max_blocks * self.block_size
+        keys = keys.view(kvh * n, length, d)
+        values = values.view(kvh * n, length, d)
+        # q: [n, H, D] -> [KVH * n, G, D], matching the (head, sequence) order of the gather.
+        queries = q.view(n, kvh, g, d).transpose(0, 1).reshape(kvh * n, g, d)
+        scores = torch.baddbmm(group.bias, queries, keys.transpose(1, 2), alpha=self.scale)
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.bmm(probs, values)  # [KVH * n, G, D]
+        return out.view(kvh, n, g * d).transpose(0, 1).reshape(n, kvh * g * d)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        span: PrefillSpan,
+        workspace: Workspace,
+    ) -> torch.Tensor:
+        queries = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        if span.mask is None:
+            keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+            out = F.scaled_dot_product_attention(
+                queries,
+                keys,
+                values,
+                is_causal=True,
+                scale=self.scale,
+                enable_gqa=self.group_size > 1,
+            )
+        else:
+            all_keys, all_values = self._gather(kv_cache, span.block_index, workspace)
+            keys = all_keys[:, : span.context_len].unsqueeze(0)
+            values = all_values[:, : span.context_len].unsqueeze(0)
+            out = F.scaled_dot_product_attention(
+                queries,
+                keys,
+                values,
+                attn_mask=span.mask,
+                scale=self.scale,
+                enable_gqa=self.group_size > 1,
+            )
+        return out[0].transpose(0, 1).reshape(span.num_query, self.num_heads * self.head_dim)

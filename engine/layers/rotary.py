@@ -1,0 +1,71 @@
+"""Rotary position embeddings, including Llama 3's frequency scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from engine.config import RopeConfig
+
+
+def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """[head_dim // 2] rotation speeds, scaled as `rope.rope_type` asks."""
+    # Explicit device: models are built under a meta-device context, these stay real.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        return _llama3_scaled(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    original = rope.original_max_position_embeddings
+    low_freq_wavelen = original / rope.low_freq_factor
+    high_freq_wavelen = original / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (original / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Cos/sin tables, grown on demand, and their application to queries and keys."""
+
+    def __init__(self, head_dim: int, rope: RopeConfig) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self._inv_freq = inverse_frequencies(head_dim, rope)
+        self._cos = torch.empty(0, head_dim // 2, device="cpu")
+        self._sin = torch.empty(0, head_dim // 2, device="cpu")
+
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [T, 1, head_dim // 2] for `positions` [T]."""
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        if needed > self._cos.shape[0]:
+            self._grow(needed)
+        cos = self._cos.index_select(0, positions).to(dtype)
+        sin = self._sin.index_select(0, positions).to(dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _grow(self, needed: int) -> None:
+        size = 1 << max(needed - 1, 1).bit_length()
+        steps = torch.arange(size, dtype=torch.int64, device="cpu").float()
+        freqs = torch.outer(steps, self._inv_freq)
+        self._cos, self._sin = freqs.cos(), freqs.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x` [T, heads, head_dim] by position; halves are paired (not interleaved)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

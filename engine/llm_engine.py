@@ -1,0 +1,316 @@
+"""The synchronous engine: requests in, per-step outputs out."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.batcher import Batcher
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig
+from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from engine.errors import RequestError
+from engine.loader import load_model, load_model_config, load_tokenizer, resolve_dtype
+from engine.model_files import model_fingerprint
+from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
+from engine.models.llama import LlamaForCausalLM
+from engine.outputs import Completion, RequestOutput, metrics_of
+from engine.prefix_hash import PrefixKey
+from engine.sampling import Priority, SamplingParams
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer
+
+Prompt = str | Seq[int]
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """A validated request not yet handed to the batcher (see `LLMEngine.prepare_request`)."""
+
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    stop_token_ids: frozenset[int]
+    generator: torch.Generator
+
+
+class LLMEngine:
+    """Continuous-batching inference over one model.
+
+    Not thread-safe: call `add_request`, `abort` and `step` from one thread
+    (`prepare_request` alone may run elsewhere). `AsyncEngine` wraps it for asyncio.
+    """
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        model_fingerprint: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        config = config or EngineConfig()
+        self.model_config: ModelConfig = model.config
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_fingerprint = model_fingerprint
+        self.max_model_len = min(
+            config.max_model_len or 1 << 62, self.model_config.max_position_embeddings
+        )
+        dtype = next(model.parameters()).dtype
+        self.kv_dtype = str(dtype).removeprefix("torch.")
+        num_blocks = config.num_kv_blocks or max(
+            1,
+            config.kv_cache_bytes
+            // kv_cache_bytes_per_block(self.model_config, config.block_size, dtype),
+        )
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.batcher = Batcher(
+            self.block_manager,
+            config.max_num_batched_tokens,
+            min(config.max_num_seqs, config.max_num_batched_tokens),
+            watermark_blocks=max(1, num_blocks // 100),
+        )
+        self.runner = ModelRunner(model, config.block_size, num_blocks, dtype)
+        self._clock = clock
+        self._requests: dict[str, PreparedRequest] = {}
+        self._pending_outputs: list[RequestOutput] = []
+        self._arrivals = itertools.count()
+        self._seeds = random.Random(config.seed)
+
+    @classmethod
+    def from_model_dir(
+        cls,
+        model_dir: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> LLMEngine:
+        """Load a Hugging Face model directory; raises ModelLoadError / UnsupportedModelError."""
+        config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        model_config = load_model_config(model_dir)
+        tokenizer = load_tokenizer(model_dir, model_config)
+        model = load_model(
+            model_dir, model_config, config.block_size, resolve_dtype(config.dtype, model_config)
+        )
+        fingerprint = model_fingerprint(Path(model_dir))
+        return cls(model, tokenizer, config, model_fingerprint=fingerprint, clock=clock)
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_manager.num_total_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return self.block_manager.blocks_needed(num_tokens)
+
+    def can_fit(self, num_prompt_tokens: int, max_tokens: int = 0) -> bool:
+        """Whether a request of this size fits in the blocks free right now."""
+        total = min(num_prompt_tokens + max_tokens, self.max_model_len)
+        return (
+            num_prompt_tokens < self.max_model_len
+            and self.blocks_needed(total) <= self.num_free_blocks
+        )
+
+    def has_unfinished_requests(self) -> bool:
+        return self.batcher.has_unfinished or bool(self._pending_outputs)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_namespace: str = "",
+        priority: Priority | str = Priority.INTERACTIVE,
+    ) -> None:
+        """Queue a request; `prompt` is text (tokenized with special tokens) or token ids.
+
+        `cache_namespace` is the security domain: prefix-cache blocks are shared only
+        between requests of the same namespace. Raises RequestError when invalid.
+        """
+        self.enqueue(
+            self.prepare_request(
+                request_id, prompt, params, cache_namespace=cache_namespace, priority=priority
+            )
+        )
+
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_namespace: str = "",
+        priority: Priority | str = Priority.INTERACTIVE,
+    ) -> PreparedRequest:
+        """Validate and tokenize without touching the engine's queues (safe from any thread)."""
+        params = params or SamplingParams()
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        token_ids = (
+            self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        )
+        self._validate(token_ids, params)
+        seq = Sequence(
+            request_id,
+            token_ids,
+            params,
+            priority=Priority.parse(priority),
+            arrival_index=next(self._arrivals),
+            cache_root=self._cache_root(cache_namespace),
+            arrival_time=self._clock(),
+        )
+        eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
+        seed = params.seed if params.seed is not None else self._seeds.randrange(1 << 63)
+        return PreparedRequest(
+            seq=seq,
+            detokenizer=IncrementalDetokenizer(self.tokenizer.decode, token_ids),
+            stops=StopStringMatcher(params.stop),
+            stop_token_ids=frozenset((*params.stop_token_ids, *eos)),
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    def enqueue(self, request: PreparedRequest) -> None:
+        request_id = request.seq.request_id
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        self._requests[request_id] = request
+        self.batcher.add(request.seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request in any state and free its blocks; the next `step` reports it
+        finished with reason "abort". False if the id is unknown or already finished."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        request.seq.account_kv(self._clock())
+        self._finish(request, "abort")
+        self._pending_outputs.append(
+            RequestOutput(request_id, (), "", True, "abort", metrics_of(request.seq))
+        )
+        return True
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batched forward pass; return an output for every request that advanced."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if not self.batcher.has_unfinished:
+            return outputs
+        start = self._clock()
+        for seq in self.batcher.running:
+            seq.account_kv(start)
+        plan = self.batcher.schedule()
+        for seq in self.batcher.running:
+            if seq.kv_clock is None:
+                seq.kv_clock = start
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = start
+        generators = {
+            c.seq.request_id: self._requests[c.seq.request_id].generator for c in plan.chunks
+        }
+        sampled = self.runner.execute(plan, generators) if plan.chunks else []
+        self.batcher.on_executed(plan)
+        end = self._clock()
+        for seq in self.batcher.running:
+            seq.account_kv(end)
+        outputs.extend(
+            self._on_token(self._requests[seq.request_id], token, end) for seq, token in sampled
+        )
+        return outputs
+
+    def generate(
+        self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[Completion]:
+        """Run `prompts` to completion (with whatever else is queued); results in prompt order."""
+        per_prompt = (
+            list(params) if isinstance(params, Seq) else [params or SamplingParams()] * len(prompts)
+        )
+        ids = [f"generate-{next(self._arrivals)}-{i}" for i in range(len(prompts))]
+        for request_id, prompt, p in zip(ids, prompts, per_prompt, strict=True):
+            self.add_request(request_id, prompt, p)
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        texts: dict[str, list[str]] = {i: [] for i in ids}
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                if out.request_id in tokens:
+                    tokens[out.request_id].extend(out.new_token_ids)
+                    texts[out.request_id].append(out.text_delta)
+                    if out.finished:
+                        done[out.request_id] = out
+        return [
+            Completion(
+                i, tuple(tokens[i]), "".join(texts[i]), done[i].finish_reason or "", done[i].metrics
+            )
+            for i in ids
+        ]
+
+    def _on_token(self, request: PreparedRequest, token: int, now: float) -> RequestOutput:
+        seq = request.seq
+        seq.append_token(token, now)
+        reason: str | None = None
+        text = ""
+        if token in request.stop_token_ids:
+            reason = "stop"
+        else:
+            text, matched = request.stops.feed(request.detokenizer.push(token))
+            reason = "stop_sequence" if matched else None
+        if reason is None and (
+            seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason in ("stop", "length"):
+            text += request.stops.flush()
+        if reason is not None:
+            self._finish(request, reason)
+        return RequestOutput(
+            seq.request_id, (token,), text, reason is not None, reason, metrics_of(seq)
+        )
+
+    def _finish(self, request: PreparedRequest, reason: str) -> None:
+        request.seq.finish_reason = reason
+        self.batcher.finish(request.seq)
+        del self._requests[request.seq.request_id]
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(token_ids)} tokens; this model takes at most {self.max_model_len - 1}"
+            )
+        needed = self.blocks_needed(min(len(token_ids) + params.max_tokens, self.max_model_len))
+        if needed > self.num_total_blocks:
+            raise RequestError(
+                f"the request needs {needed} KV blocks; the pool has {self.num_total_blocks}"
+            )
+
+    def _cache_root(self, namespace: str) -> bytes:
+        key = PrefixKey(
+            namespace=namespace,
+            model_fingerprint=self.model_fingerprint,
+            tokenizer_fingerprint=self.tokenizer.fingerprint,
+            template_fingerprint=self.tokenizer.template_fingerprint,
+            adapter_fingerprint=self.config.adapter_fingerprint,
+            kv_dtype=self.kv_dtype,
+            block_size=self.config.block_size,
+        )
+        return key.root()

@@ -1,0 +1,59 @@
+"""Runs one planned step on the model: packed inputs, paged KV cache, sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from engine.batch_inputs import AttentionShape, build_inputs
+from engine.batcher import StepPlan
+from engine.config import ModelConfig
+from engine.layers.paged_attention import Workspace
+from engine.layers.sampler import sample
+from engine.models.llama import LlamaForCausalLM
+from engine.sequence import Sequence
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element = torch.empty(0, dtype=dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * block_size * element
+
+
+class ModelRunner:
+    """Owns the model and its KV cache tensors; turns a StepPlan into sampled tokens."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, block_size: int, num_blocks: int, dtype: torch.dtype
+    ) -> None:
+        cfg = model.config
+        self.model = model
+        self.shape = AttentionShape(block_size, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads)
+        slots = num_blocks * block_size
+        # One tensor per layer: [2 (keys, values), KVH, slots, D].
+        self.kv_caches = [
+            torch.zeros(2, cfg.num_kv_heads, slots, cfg.head_dim, dtype=dtype)
+            for _ in range(cfg.num_layers)
+        ]
+        self.workspace = Workspace(dtype)
+
+    @torch.inference_mode()
+    def execute(
+        self, plan: StepPlan, generators: Mapping[str, torch.Generator]
+    ) -> list[tuple[Sequence, int]]:
+        """Compute the plan's tokens; return (sequence, new token) for each chunk that samples."""
+        inputs = build_inputs(plan, self.shape, self.workspace)
+        hidden = self.model(
+            inputs.input_ids,
+            inputs.positions,
+            self.kv_caches,
+            inputs.attention,
+            keep=inputs.logits_indices,
+        )
+        if not inputs.sampled:
+            return []
+        logits = self.model.compute_logits(hidden)
+        params = [chunk.seq.params for chunk in inputs.sampled]
+        rngs = [generators[chunk.seq.request_id] for chunk in inputs.sampled]
+        tokens = sample(logits, params, rngs)
+        return [(chunk.seq, token) for chunk, token in zip(inputs.sampled, tokens, strict=True)]

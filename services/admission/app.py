@@ -1,0 +1,115 @@
+"""The admission process: `python -m services.admission`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from services.admission.cancel import Canceller
+from services.admission.catalog import ModelCatalog
+from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
+from services.admission.requests import Limits
+from services.admission.servicer import AdminServicer, GatewayServicer
+from services.admission.stream import LiveTail
+from services.core.config import CommonSettings, env_float, env_int, env_map, env_str
+from services.core.db import create_engine
+from services.core.eventstore import EventStore
+from services.core.relay import OutboxRelay
+from services.core.server import create_server, serve, start_metrics
+from services.core.telemetry import configure_logging, configure_tracing
+from tollgate.v1 import (
+    admin_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
+
+log = structlog.get_logger(__name__)
+
+SERVICES = (
+    gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
+    "tollgate.v1.AdminService",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    common: CommonSettings
+    models: dict[str, str]
+    admin_token: str
+    scheduler_address: str
+    config: GatewayConfig
+
+    @classmethod
+    def from_env(cls) -> AdmissionSettings:
+        limits = Limits(
+            max_tokens=env_int("TOLLGATE_MAX_TOKENS", 4096),
+            max_message_chars=env_int("TOLLGATE_MAX_MESSAGE_CHARS", 65_536),
+            default_disconnect_grace=env_float("TOLLGATE_DISCONNECT_GRACE", 30.0),
+        )
+        return cls(
+            common=CommonSettings.from_env("127.0.0.1:50051"),
+            models=env_map("TOLLGATE_MODELS"),
+            admin_token=env_str("TOLLGATE_ADMIN_TOKEN", ""),
+            scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
+            config=GatewayConfig(
+                limits=limits,
+                block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
+                max_queue_depth=env_int("TOLLGATE_MAX_QUEUE_DEPTH", 10_000),
+            ),
+        )
+
+
+async def watch_queue_depth(
+    stub: scheduler_pb2_grpc.SchedulerServiceStub, depth: QueueDepth
+) -> None:
+    while True:
+        try:
+            stats = await stub.GetQueueStats(scheduler_pb2.GetQueueStatsRequest(), timeout=2.0)
+            depth.value = stats.num_interactive + stats.num_batch
+        except grpc.aio.AioRpcError:
+            depth.value = 0  # no figures: admit, the scheduler's own queue bounds the rest
+        await asyncio.sleep(1.0)
+
+
+async def main() -> None:
+    configure_logging("admission")
+    configure_tracing("admission")
+    settings = AdmissionSettings.from_env()
+    engine = create_engine(settings.common.database_url)
+    catalog = ModelCatalog.load(settings.models)
+    tail = LiveTail(settings.common.kafka_bootstrap, settings.common.topic)
+    scheduler = None
+    background = [
+        tail.run(),
+        OutboxRelay(engine, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
+    ]
+    depth = QueueDepth()
+    if settings.scheduler_address:
+        channel = grpc.aio.insecure_channel(settings.scheduler_address)
+        scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        background.append(watch_queue_depth(scheduler, depth))
+    gateway = Gateway(
+        engine, catalog, tail, Canceller(EventStore(engine), scheduler), settings.config, depth
+    )
+
+    def add_servicers(server: grpc.aio.Server) -> None:
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(engine, settings.admin_token), server
+        )
+
+    server, port, health = create_server(settings.common.listen, add_servicers)
+    metrics_port = start_metrics(settings.common.metrics_port)
+    host = settings.common.listen.rsplit(":", 1)[0]
+    log.info("serving", address=f"{host}:{port}", metrics_port=metrics_port, models=catalog.names())
+    print(f"READY {host}:{port}", flush=True)
+    try:
+        await serve(server, health, SERVICES, background)
+    finally:
+        await gateway.aclose()
+        await engine.dispose()

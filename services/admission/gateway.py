@@ -1,0 +1,177 @@
+"""Admission's core: submit a run (or find the one its idempotency key names),
+follow its events, and cancel it when its client is gone for good."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import Counter as MetricCounter
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.admit import Admission, admit, find_by_idempotency_key
+from services.admission.cancel import Canceller
+from services.admission.catalog import ModelCatalog
+from services.admission.requests import (
+    GenerateParams,
+    Limits,
+    blocks_needed,
+    context_violation,
+    validate,
+)
+from services.admission.stream import LiveTail, stream_events
+from services.core.errors import IdempotencyKeyReused, Unavailable
+from services.core.eventstore import EventStore, IdempotencyKeyTaken
+from services.core.runs import TERMINAL_STATES, RunState, RunView
+from services.core.telemetry import current_traceparent, get_tracer
+from tollgate.v1 import events_pb2
+
+log = structlog.get_logger(__name__)
+
+ADMITTED = MetricCounter("tollgate_admission_runs_admitted", "Runs admitted", ["model", "priority"])
+UNTIL_BILLED = frozenset({RunState.BILLED})
+UNTIL_TERMINAL = frozenset({*TERMINAL_STATES, RunState.BILLED})
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    limits: Limits
+    block_size: int = 16
+    max_queue_depth: int = 10_000
+
+
+class Gateway:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        catalog: ModelCatalog,
+        tail: LiveTail,
+        canceller: Canceller,
+        config: GatewayConfig,
+        queue_depth: QueueDepth | None = None,
+    ) -> None:
+        self.engine = engine
+        self.store = EventStore(engine)
+        self.catalog = catalog
+        self.tail = tail
+        self.canceller = canceller
+        self.config = config
+        self.queue_depth = queue_depth
+        self._attached: Counter[str] = Counter()
+        self._grace: dict[str, float] = {}
+        self._pending_cancels: set[asyncio.Task[None]] = set()
+
+    async def submit(self, tenant_id: str, params: GenerateParams) -> str:
+        """Admits a new run, or returns the run this idempotency key already names."""
+        validate(params, self.catalog.names(), self.config.limits)
+        if params.idempotency_key:
+            existing = await find_by_idempotency_key(self.engine, tenant_id, params.idempotency_key)
+            if existing is not None:
+                return self._same_request(existing, params)
+        if self.queue_depth is not None and self.queue_depth.value > self.config.max_queue_depth:
+            raise Unavailable("the queue is full; retry later", retry_after=1.0)
+        model = self.catalog.get(params.model)
+        prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
+        too_long = context_violation(
+            len(prompt_token_ids), params.sampling.max_tokens, model.context_length
+        )
+        if too_long:
+            raise too_long
+        admission = Admission(
+            run_id=f"run_{uuid.uuid4().hex}",
+            tenant_id=tenant_id,
+            params=params,
+            prompt_token_ids=prompt_token_ids,
+            num_blocks=blocks_needed(
+                len(prompt_token_ids) + params.sampling.max_tokens, self.config.block_size
+            ),
+            traceparent=current_traceparent(),
+        )
+        with get_tracer().start_as_current_span("tollgate.admission.admit") as span:
+            span.set_attribute("tollgate.run_id", admission.run_id)
+            span.set_attribute("gen_ai.usage.input_tokens", len(prompt_token_ids))
+            try:
+                await admit(self.engine, admission)
+            except IdempotencyKeyTaken:
+                existing = await find_by_idempotency_key(
+                    self.engine, tenant_id, params.idempotency_key
+                )
+                assert existing is not None
+                return self._same_request(existing, params)
+        ADMITTED.labels(params.model, params.priority).inc()
+        self._grace[admission.run_id] = params.disconnect_grace
+        log.info(
+            "run admitted",
+            run_id=admission.run_id,
+            tenant_id=tenant_id,
+            prompt_tokens=len(prompt_token_ids),
+        )
+        return admission.run_id
+
+    async def aclose(self) -> None:
+        """Drops the pending disconnect cancellations (on shutdown)."""
+        for task in list(self._pending_cancels):
+            task.cancel()
+        await asyncio.gather(*self._pending_cancels, return_exceptions=True)
+
+    def _same_request(self, existing: RunView, params: GenerateParams) -> str:
+        if existing.request_hash != params.request_hash():
+            raise IdempotencyKeyReused(existing.run_id)
+        return existing.run_id
+
+    async def follow(
+        self, run_id: str, after_seq: int, until_terminal: bool
+    ) -> AsyncIterator[events_pb2.RunEvent]:
+        """The run's events after `after_seq`; a client leaving early may cancel the run."""
+        stop_kinds = UNTIL_TERMINAL if until_terminal else UNTIL_BILLED
+        self._attached[run_id] += 1
+        ended = False
+        try:
+            async for event in stream_events(self.store, self.tail, run_id, after_seq, stop_kinds):
+                ended = ended or event.state in _ENDED_STATES
+                yield event
+        finally:
+            self._attached[run_id] -= 1
+            if self._attached[run_id] <= 0:
+                del self._attached[run_id]
+                if not ended and run_id in self._grace:
+                    self._cancel_after_grace(run_id)
+                else:
+                    self._grace.pop(run_id, None)
+
+    def _cancel_after_grace(self, run_id: str) -> None:
+        task = asyncio.create_task(self._cancel_if_abandoned(run_id, self._grace[run_id]))
+        self._pending_cancels.add(task)
+        task.add_done_callback(self._pending_cancels.discard)
+
+    async def _cancel_if_abandoned(self, run_id: str, grace: float) -> None:
+        await asyncio.sleep(grace)
+        if self._attached[run_id] > 0:
+            return
+        self._attached.pop(run_id, None)
+        self._grace.pop(run_id, None)
+        run = await self.store.get_run(run_id)
+        if run is not None and run.state not in TERMINAL_STATES | {RunState.BILLED}:
+            log.info("client gone, cancelling run", run_id=run_id, grace_seconds=grace)
+            await self.canceller.cancel(run, "client disconnected")
+
+
+_ENDED_STATES = frozenset(
+    {
+        events_pb2.RUN_STATE_COMPLETED,
+        events_pb2.RUN_STATE_FAILED,
+        events_pb2.RUN_STATE_CANCELLED,
+        events_pb2.RUN_STATE_BILLED,
+    }
+)
+
+
+class QueueDepth:
+    """The scheduler's queue depth, refreshed in the background for back-pressure."""
+
+    def __init__(self) -> None:
+        self.value = 0

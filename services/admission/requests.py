@@ -1,0 +1,161 @@
+"""A generation request as the core sees it, and its validation (no I/O)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from services.core.errors import FieldViolation, InvalidArgument
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+PRIORITIES = {1: "interactive", 2: "batch"}
+MAX_IDEMPOTENCY_KEY = 256
+MAX_STOP_STRINGS = 8
+MAX_STOP_LENGTH = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_tokens: int = 4096
+    max_message_chars: int = 65_536
+    max_messages: int = 256
+    default_disconnect_grace: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    max_tokens: int
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def payload(self) -> dict[str, Any]:
+        """The SamplingParams JSON form, unset fields left out."""
+        return {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in asdict(self).items()
+            if v not in (None, ())
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    model: str
+    prompt: str
+    messages: tuple[tuple[str, str], ...]
+    sampling: Sampling
+    priority: str
+    idempotency_key: str
+    disconnect_grace: float
+    until_terminal: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def request_hash(self) -> str:
+        """Names what was asked, so a reused idempotency key can be told apart."""
+        canonical = {
+            "model": self.model,
+            "prompt": self.prompt,
+            "messages": self.messages,
+            "sampling": self.sampling.payload(),
+            "priority": self.priority,
+        }
+        return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+
+
+def validate(params: GenerateParams, models: Collection[str], limits: Limits) -> None:
+    """Raises InvalidArgument listing every bad field."""
+    violations = [
+        *_request_violations(params, models, limits),
+        *_sampling_violations(params.sampling, limits),
+    ]
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def _request_violations(
+    params: GenerateParams, models: Collection[str], limits: Limits
+) -> list[FieldViolation]:
+    found: list[FieldViolation] = []
+    if params.model not in models:
+        found.append(
+            FieldViolation(
+                "model", f"unknown model {params.model!r}; known: {', '.join(sorted(models))}"
+            )
+        )
+    if params.priority not in PRIORITIES.values():
+        found.append(FieldViolation("priority", "must be PRIORITY_INTERACTIVE or PRIORITY_BATCH"))
+    if not params.prompt and not params.messages:
+        found.append(FieldViolation("prompt", "set a prompt or messages"))
+    if params.prompt and params.messages:
+        found.append(FieldViolation("messages", "set either prompt or messages, not both"))
+    if len(params.prompt) > limits.max_message_chars:
+        found.append(FieldViolation("prompt", f"longer than {limits.max_message_chars} characters"))
+    if len(params.messages) > limits.max_messages:
+        found.append(FieldViolation("messages", f"more than {limits.max_messages} messages"))
+    for i, (role, content) in enumerate(params.messages):
+        if role not in ROLES:
+            found.append(
+                FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(sorted(ROLES))}")
+            )
+        if len(content) > limits.max_message_chars:
+            found.append(
+                FieldViolation(
+                    f"messages[{i}].content", f"longer than {limits.max_message_chars} characters"
+                )
+            )
+    if len(params.idempotency_key) > MAX_IDEMPOTENCY_KEY:
+        found.append(
+            FieldViolation("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
+        )
+    if params.disconnect_grace < 0 or math.isnan(params.disconnect_grace):
+        found.append(FieldViolation("disconnect_grace", "must not be negative"))
+    return found
+
+
+def _sampling_violations(sampling: Sampling, limits: Limits) -> list[FieldViolation]:
+    found: list[FieldViolation] = []
+    if sampling.max_tokens <= 0:
+        found.append(FieldViolation("sampling.max_tokens", "must be greater than 0"))
+    elif sampling.max_tokens > limits.max_tokens:
+        found.append(FieldViolation("sampling.max_tokens", f"must be at most {limits.max_tokens}"))
+    if sampling.temperature is not None and not sampling.temperature >= 0:
+        found.append(FieldViolation("sampling.temperature", "must be a number >= 0"))
+    if sampling.top_p is not None and not 0 < sampling.top_p <= 1:
+        found.append(FieldViolation("sampling.top_p", "must be in (0, 1]"))
+    if sampling.top_k is not None and sampling.top_k < 0:
+        found.append(FieldViolation("sampling.top_k", "must be >= 0"))
+    if len(sampling.stop) > MAX_STOP_STRINGS:
+        found.append(FieldViolation("sampling.stop", f"at most {MAX_STOP_STRINGS} stop strings"))
+    if any(not s or len(s) > MAX_STOP_LENGTH for s in sampling.stop):
+        found.append(
+            FieldViolation(
+                "sampling.stop", f"each stop string needs 1 to {MAX_STOP_LENGTH} characters"
+            )
+        )
+    if any(t < 0 for t in sampling.stop_token_ids):
+        found.append(FieldViolation("sampling.stop_token_ids", "token ids are >= 0"))
+    return found
+
+
+def context_violation(
+    num_prompt_tokens: int, max_tokens: int, context_length: int
+) -> InvalidArgument | None:
+    if num_prompt_tokens + max_tokens <= context_length:
+        return None
+    if num_prompt_tokens >= context_length:
+        message = f"{num_prompt_tokens} prompt tokens exceed the context length of {context_length}"
+        return InvalidArgument([FieldViolation("prompt", message)])
+    message = f"prompt ({num_prompt_tokens} tokens) + max_tokens exceeds the context length of {context_length}"
+    return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)

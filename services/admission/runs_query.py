@@ -1,0 +1,63 @@
+"""Reading a tenant's runs: one run, or pages of them, newest first."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.errors import FieldViolation, InvalidArgument, NotFound
+from services.core.eventstore import EventStore, view_from_row
+from services.core.runs import RunView
+from services.core.schema import runs
+
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 50
+
+
+async def get_tenant_run(store: EventStore, tenant_id: str, run_id: str) -> RunView:
+    """The run, if it belongs to `tenant_id`; another tenant's run does not exist for it."""
+    run = await store.get_run(run_id) if run_id else None
+    if run is None or run.tenant_id != tenant_id:
+        raise NotFound(f"run {run_id!r} not found")
+    return run
+
+
+async def list_runs(
+    engine: AsyncEngine, tenant_id: str, page_size: int, page_token: str
+) -> tuple[list[RunView], str]:
+    if page_size < 0:
+        raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
+    size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    query = sa.select(runs).where(runs.c.tenant_id == tenant_id)
+    if page_token:
+        created_at, run_id = _decode_token(page_token)
+        query = query.where(
+            sa.tuple_(runs.c.created_at, runs.c.run_id) < sa.tuple_(created_at, run_id)
+        )
+    query = query.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(size + 1)
+    async with engine.connect() as conn:
+        rows = [view_from_row(row._mapping) for row in await conn.execute(query)]
+    if len(rows) <= size:
+        return rows, ""
+    page = rows[:size]
+    last = page[-1]
+    assert last.created_at is not None
+    return page, _encode_token(last.created_at, last.run_id)
+
+
+def _encode_token(created_at: datetime, run_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{run_id}".encode()).decode()
+
+
+def _decode_token(token: str) -> tuple[datetime, str]:
+    try:
+        created_at, run_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(created_at), run_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument(
+            [FieldViolation("page_token", "not a token this service issued")]
+        ) from None

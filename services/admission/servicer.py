@@ -1,0 +1,169 @@
+"""gRPC servicers of the admission process: GatewayService and AdminService."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.convert import (
+    key_to_proto,
+    params_from_proto,
+    run_to_proto,
+    tenant_to_proto,
+)
+from services.admission.gateway import Gateway
+from services.admission.runs_query import get_tenant_run, list_runs
+from services.admission.tenants import TenantRepository
+from services.core.auth import authenticate, bearer_token, is_admin_token
+from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
+from services.core.telemetry import bound_log_context, get_tracer
+from tollgate.v1 import admin_pb2, admin_pb2_grpc, events_pb2, gateway_pb2, gateway_pb2_grpc
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        principal = await authenticate(self.gateway.engine, context.invocation_metadata())
+        assert principal.tenant_id is not None
+        return principal.tenant_id
+
+    @rpc_errors
+    async def Generate(
+        self, request: events_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[events_pb2.RunEvent]:
+        tenant_id = await self._tenant(context)
+        params = params_from_proto(request, self.gateway.config.limits)
+        with get_tracer().start_as_current_span("tollgate.admission.generate") as span:
+            span.set_attribute(
+                "gen_ai.operation.name", "chat" if params.messages else "text_completion"
+            )
+            span.set_attribute("gen_ai.request.model", params.model)
+            span.set_attribute("gen_ai.request.max_tokens", params.sampling.max_tokens)
+            if params.sampling.temperature is not None:
+                span.set_attribute("gen_ai.request.temperature", params.sampling.temperature)
+            if params.sampling.top_p is not None:
+                span.set_attribute("gen_ai.request.top_p", params.sampling.top_p)
+            if params.sampling.top_k is not None:
+                span.set_attribute("gen_ai.request.top_k", params.sampling.top_k)
+            run_id = await self.gateway.submit(tenant_id, params)
+        with bound_log_context(run_id=run_id, tenant_id=tenant_id):
+            async for event in self.gateway.follow(run_id, 0, params.until_terminal):
+                yield event
+
+    @rpc_errors
+    async def StreamRun(
+        self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[events_pb2.RunEvent]:
+        tenant_id = await self._tenant(context)
+        run = await get_tenant_run(self.gateway.store, tenant_id, request.run_id)
+        with bound_log_context(run_id=run.run_id, tenant_id=tenant_id):
+            async for event in self.gateway.follow(
+                run.run_id, request.starting_after, request.until_terminal
+            ):
+                yield event
+
+    @rpc_errors
+    async def CancelRun(
+        self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
+    ) -> events_pb2.Run:
+        tenant_id = await self._tenant(context)
+        run = await get_tenant_run(self.gateway.store, tenant_id, request.run_id)
+        return run_to_proto(await self.gateway.canceller.cancel(run, "cancelled by client"))
+
+    @rpc_errors
+    async def GetRun(
+        self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
+    ) -> events_pb2.Run:
+        tenant_id = await self._tenant(context)
+        return run_to_proto(await get_tenant_run(self.gateway.store, tenant_id, request.run_id))
+
+    @rpc_errors
+    async def ListRuns(
+        self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListRunsResponse:
+        tenant_id = await self._tenant(context)
+        page, token = await list_runs(
+            self.gateway.engine, tenant_id, request.page_size, request.page_token
+        )
+        return gateway_pb2.ListRunsResponse(
+            runs=[run_to_proto(r) for r in page], next_page_token=token
+        )
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, engine: AsyncEngine, admin_token: str) -> None:
+        self.tenants = TenantRepository(engine)
+        self.admin_token = admin_token
+
+    def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
+        token = bearer_token(context.invocation_metadata())
+        if not self.admin_token:
+            raise Unauthenticated("the admin API is disabled: TOLLGATE_ADMIN_TOKEN is not set")
+        if token is None or not is_admin_token(token, self.admin_token):
+            raise Unauthenticated("missing or wrong admin token")
+
+    @rpc_errors
+    async def CreateTenant(
+        self, request: admin_pb2.CreateTenantRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Tenant:
+        self._require_admin(context)
+        violations = []
+        if not request.name.strip():
+            violations.append(FieldViolation("name", "must not be empty"))
+        if request.weight < 0:
+            violations.append(FieldViolation("weight", "must be positive (0 means the default, 1)"))
+        if violations:
+            raise InvalidArgument(violations)
+        return tenant_to_proto(await self.tenants.create(request.name.strip(), request.weight or 1))
+
+    @rpc_errors
+    async def GetTenant(
+        self, request: admin_pb2.GetTenantRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Tenant:
+        self._require_admin(context)
+        return tenant_to_proto(await self.tenants.get(request.tenant_id))
+
+    @rpc_errors
+    async def ListTenants(
+        self, request: admin_pb2.ListTenantsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListTenantsResponse:
+        self._require_admin(context)
+        return admin_pb2.ListTenantsResponse(
+            tenants=[tenant_to_proto(t) for t in await self.tenants.list()]
+        )
+
+    @rpc_errors
+    async def CreateApiKey(
+        self, request: admin_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApiKey:
+        self._require_admin(context)
+        return key_to_proto(await self.tenants.create_key(request.tenant_id))
+
+    @rpc_errors
+    async def RevokeApiKey(
+        self, request: admin_pb2.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApiKey:
+        self._require_admin(context)
+        return key_to_proto(await self.tenants.revoke_key(request.key_id))
+
+    @rpc_errors
+    async def SetQuota(
+        self, request: admin_pb2.SetQuotaRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.Quota:
+        self._require_admin(context)
+        quota = request.quota
+        violations = [
+            FieldViolation(f"quota.{name}", "must not be negative")
+            for name in ("max_kv_blocks", "max_concurrent_runs")
+            if getattr(quota, name) < 0
+        ]
+        if violations:
+            raise InvalidArgument(violations)
+        tenant = await self.tenants.set_quota(
+            quota.tenant_id, quota.max_kv_blocks, quota.max_concurrent_runs
+        )
+        return tenant_to_proto(tenant).quota

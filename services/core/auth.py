@@ -1,0 +1,105 @@
+"""API keys and the admin token: parsing, hashing, constant-time checks.
+
+A key reads `tg_<key_id>_<secret>`; only SHA-256 of the secret is stored.  The
+secrets are 256-bit random values, so a fast hash is enough: there is nothing
+to brute-force that a slow hash would protect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.errors import Unauthenticated
+from services.core.schema import api_keys
+
+KEY_PREFIX = "tg_"
+KEY_ID_LENGTH = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a tenant through one of its keys, or the administrator."""
+
+    tenant_id: str | None
+    is_admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    key_id: str
+    secret: str  # the whole `tg_...` string, shown once
+    secret_hash: str
+
+
+def new_key() -> NewKey:
+    key_id = secrets.token_hex(KEY_ID_LENGTH // 2)
+    secret = secrets.token_urlsafe(32)
+    return NewKey(key_id, f"{KEY_PREFIX}{key_id}_{secret}", hash_secret(secret))
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """(key_id, secret) of a well-formed key, else None."""
+    if not key.startswith(KEY_PREFIX) or len(key) < len(KEY_PREFIX) + KEY_ID_LENGTH + 2:
+        return None
+    body = key[len(KEY_PREFIX) :]
+    key_id, sep, secret = body[:KEY_ID_LENGTH], body[KEY_ID_LENGTH], body[KEY_ID_LENGTH + 1 :]
+    if sep != "_" or not secret:
+        return None
+    return key_id, secret
+
+
+def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    for name, value in metadata or ():
+        if name.lower() == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def is_admin_token(token: str, admin_token: str) -> bool:
+    return bool(admin_token) and hmac.compare_digest(token.encode(), admin_token.encode())
+
+
+async def authenticate(
+    engine: AsyncEngine,
+    metadata: Sequence[tuple[str, str | bytes]] | None,
+    *,
+    admin_token: str = "",
+    allow_admin: bool = False,
+) -> Principal:
+    """The caller behind `authorization: Bearer ...`; raises Unauthenticated."""
+    token = bearer_token(metadata)
+    if token is None:
+        raise Unauthenticated("missing authorization: Bearer <api key>")
+    if allow_admin and is_admin_token(token, admin_token):
+        return Principal(tenant_id=None, is_admin=True)
+    parts = split_key(token)
+    if parts is None:
+        raise Unauthenticated("invalid API key")
+    key_id, secret = parts
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                sa.select(api_keys.c.tenant_id, api_keys.c.secret_hash).where(
+                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None)
+                )
+            )
+        ).first()
+    # Compare even when the key is unknown, so timing does not tell which part was wrong.
+    expected = row.secret_hash if row else hash_secret(secrets.token_hex(8))
+    if not hmac.compare_digest(hash_secret(secret), expected) or row is None:
+        raise Unauthenticated("invalid API key")
+    return Principal(tenant_id=row.tenant_id)

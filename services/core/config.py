@@ -1,0 +1,74 @@
+"""Process configuration from TOLLGATE_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
+
+
+class ConfigError(Exception):
+    """A TOLLGATE_* variable is missing or malformed; the message names it."""
+
+
+def env_str(name: str, default: str | None = None) -> str:
+    value = os.environ.get(name, default)
+    if value is None or value == "":
+        if default is not None:
+            return default
+        raise ConfigError(f"{name} is required")
+    return value
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+def env_map(name: str, default: str = "") -> dict[str, str]:
+    """Parses `key=value,key2=value2`."""
+    raw = os.environ.get(name, default)
+    result: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"{name}: expected key=value pairs, got {item!r}")
+        result[key.strip()] = value.strip()
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class CommonSettings:
+    """What every service process needs."""
+
+    database_url: str
+    kafka_bootstrap: str
+    topic: str
+    listen: str
+    metrics_port: int
+
+    @classmethod
+    def from_env(cls, default_listen: str = "127.0.0.1:0") -> CommonSettings:
+        return cls(
+            database_url=env_str("TOLLGATE_DATABASE_URL"),
+            kafka_bootstrap=env_str("TOLLGATE_KAFKA_BOOTSTRAP"),
+            topic=env_str("TOLLGATE_TOPIC", RUN_EVENTS_TOPIC),
+            listen=env_str("TOLLGATE_LISTEN", default_listen),
+            metrics_port=env_int("TOLLGATE_METRICS_PORT", -1),
+        )

@@ -1,0 +1,220 @@
+"""API errors as values, and their translation into rich gRPC statuses.
+
+The core raises `ApiError`s; servicers let them propagate, and `rpc_errors`
+turns them into `google.rpc.Status` with the standard detail messages
+(BadRequest, QuotaFailure, RetryInfo, ErrorInfo).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from prometheus_client import Counter
+
+ERROR_DOMAIN = "tollgate.v1"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class ApiError(Exception):
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def details(self) -> list[Any]:
+        return []
+
+    def to_status(self) -> status_pb2.Status:
+        packed = []
+        for detail in self.details():
+            wrapper = any_pb2.Any()
+            wrapper.Pack(detail)
+            packed.append(wrapper)
+        return status_pb2.Status(code=self.code.value[0], message=self.message, details=packed)
+
+
+class InvalidArgument(ApiError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, violations: Sequence[FieldViolation]) -> None:
+        summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        super().__init__(f"invalid request: {summary}")
+        self.violations = list(violations)
+
+    def details(self) -> list[Any]:
+        return [
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=v.field, description=v.description
+                    )
+                    for v in self.violations
+                ]
+            )
+        ]
+
+
+class Unauthenticated(ApiError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ApiError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class NotFound(ApiError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class QuotaExceeded(ApiError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, subject: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.subject = subject
+        self.retry_after = retry_after
+
+    def details(self) -> list[Any]:
+        violation = error_details_pb2.QuotaFailure.Violation(
+            subject=self.subject, description=self.message
+        )
+        return [
+            error_details_pb2.QuotaFailure(violations=[violation]),
+            _retry_info(self.retry_after),
+        ]
+
+
+class ResourceExhausted(ApiError):
+    """Capacity, not a tenant limit, ran out (e.g. a worker's KV blocks)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ApiError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def details(self) -> list[Any]:
+        return [_retry_info(self.retry_after)]
+
+
+class FailedPrecondition(ApiError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, message: str, reason: str, metadata: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.metadata = metadata or {}
+
+    def details(self) -> list[Any]:
+        return [
+            error_details_pb2.ErrorInfo(
+                reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
+            )
+        ]
+
+
+class IdempotencyKeyReused(FailedPrecondition):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            "idempotency_key already names a different request",
+            "IDEMPOTENCY_KEY_REUSED",
+            {"run_id": run_id},
+        )
+
+
+def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(int(seconds * 1e9))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+REJECTIONS = Counter(
+    "tollgate_rpc_rejections", "Calls answered with an error status", ["method", "code"]
+)
+
+
+async def _abort(context: Any, method: str, error: ApiError) -> None:
+    REJECTIONS.labels(method, error.code.name).inc()
+    await context.abort_with_status(rpc_status.to_status(error.to_status()))
+
+
+def rpc_errors(method: F) -> F:
+    """Aborts the call with the rich status of any ApiError the method raises."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except ApiError as error:
+                await _abort(context, method.__name__, error)
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except ApiError as error:
+            await _abort(context, method.__name__, error)
+
+    return unary  # type: ignore[return-value]
+
+
+def status_details(error: grpc.RpcError) -> list[Any]:
+    """Unpacks the detail messages of a rich status error (client side)."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    if status is None:
+        return []
+    known = (
+        error_details_pb2.BadRequest,
+        error_details_pb2.QuotaFailure,
+        error_details_pb2.RetryInfo,
+        error_details_pb2.ErrorInfo,
+    )
+    details = []
+    for packed in status.details:
+        for kind in known:
+            if packed.Is(kind.DESCRIPTOR):
+                message = kind()
+                packed.Unpack(message)
+                details.append(message)
+    return details
+
+
+__all__ = [
+    "ApiError",
+    "FailedPrecondition",
+    "FieldViolation",
+    "IdempotencyKeyReused",
+    "InvalidArgument",
+    "NotFound",
+    "PermissionDenied",
+    "QuotaExceeded",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "rpc_errors",
+    "status_details",
+]

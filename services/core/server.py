@@ -1,0 +1,92 @@
+"""The life of a service process: gRPC server, health, metrics, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+log = structlog.get_logger(__name__)
+
+
+def create_server(
+    listen: str, add_servicers: Callable[[grpc.aio.Server], None]
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """A grpc.aio server with the standard health service; returns it with its port."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+        ]
+    )
+    add_servicers(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, port, health_servicer
+
+
+def start_metrics(port: int) -> int | None:
+    """Serves Prometheus /metrics on `port` (0 = any free port, <0 = off)."""
+    if port < 0:
+        return None
+    http_server, _ = start_http_server(port, addr="127.0.0.1")
+    return int(http_server.server_port)
+
+
+async def set_serving(
+    health_servicer: health.aio.HealthServicer, services: Sequence[str], serving: bool
+) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *services):
+        await health_servicer.set(name, status)
+
+
+async def wait_for_signal() -> None:
+    """Returns on the first SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve(
+    server: grpc.aio.Server,
+    health_servicer: health.aio.HealthServicer,
+    services: Sequence[str],
+    background: Sequence[Awaitable[None]] = (),
+    *,
+    grace: float = 5.0,
+    before_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Runs until SIGTERM/SIGINT, then drains: not serving, stop with grace, cancel tasks."""
+    await server.start()
+    await set_serving(health_servicer, services, True)
+    tasks = [asyncio.ensure_future(job) for job in background]
+    signalled = asyncio.ensure_future(wait_for_signal())
+    await asyncio.wait([signalled, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        if task.done() and task.exception() is not None:
+            log.error("background task failed", error=repr(task.exception()))
+    log.info("shutting down", grace_seconds=grace)
+    await set_serving(health_servicer, services, False)
+    if before_stop is not None:
+        await before_stop()
+    await server.stop(grace)
+    for task in [*tasks, signalled]:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

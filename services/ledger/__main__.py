@@ -1,0 +1,3 @@
+from services.ledger.main import main
+
+main()

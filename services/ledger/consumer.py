@@ -1,0 +1,71 @@
+"""The ledger's Kafka consumer: bills each terminal event exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+from aiokafka import ConsumerRecord
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from services.core.consumer import TrackingConsumer
+from services.core.relay import RUN_EVENTS_TOPIC
+from services.core.runs import TERMINAL_STATES
+from services.core.telemetry import bound_log_context, get_tracer
+from services.ledger.billing import Bill, bill_run
+from services.ledger.metrics import record_bill
+from services.ledger.pricing import PriceTable
+from tollgate.v1 import events_pb2
+
+LEDGER_GROUP = "tollgate-ledger"
+
+log = structlog.get_logger(__name__)
+
+
+class LedgerConsumer(TrackingConsumer):
+    """A TrackingConsumer of terminal events whose handler is `bill_run`."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        bootstrap: str,
+        prices: PriceTable,
+        *,
+        topic: str = RUN_EVENTS_TOPIC,
+        group_id: str = LEDGER_GROUP,
+        session_timeout_ms: int = 10_000,
+    ) -> None:
+        super().__init__(
+            engine,
+            bootstrap,
+            group_id=group_id,
+            handler=self.bill,
+            kinds=TERMINAL_STATES,
+            topic=topic,
+            session_timeout_ms=session_timeout_ms,
+        )
+        self.prices = prices
+        self._pending: list[Bill] = []
+
+    async def bill(self, conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+        with bound_log_context(run_id=event.run_id, tenant_id=event.tenant_id, seq=event.seq):
+            with get_tracer().start_as_current_span("ledger.bill_run"):
+                bill = await bill_run(conn, event.run_id, self.prices)
+        if bill is not None:
+            self._pending.append(bill)
+
+    async def apply(self, records: Sequence[ConsumerRecord]) -> int:
+        # Metrics count what committed: a batch whose transaction fails is retried.
+        self._pending = []
+        applied = await super().apply(records)
+        for bill in self._pending:
+            record_bill(bill, "consumer")
+            log.info(
+                "run billed",
+                run_id=bill.run_id,
+                tenant_id=bill.tenant_id,
+                seq=bill.seq,
+                amount_micros=bill.amount_micros,
+            )
+        self._pending = []
+        return applied

@@ -1,0 +1,127 @@
+"""The ledger process: LedgerService, the terminal-event consumer, the sweep, a relay."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.config import CommonSettings, env_float, env_str
+from services.core.db import create_engine
+from services.core.relay import OutboxRelay
+from services.core.server import create_server, serve, start_metrics
+from services.core.telemetry import configure_logging, configure_tracing
+from services.ledger.consumer import LedgerConsumer
+from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_prices
+from services.ledger.servicer import LedgerServicer
+from services.ledger.sweep import Sweeper
+from tollgate.v1 import ledger_pb2, ledger_pb2_grpc
+
+SERVICE_NAMES = (ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"].full_name,)
+RESTART_DELAY = 1.0
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSettings:
+    common: CommonSettings
+    admin_token: str
+    prices: PriceTable
+    sweep_interval: float
+    sweep_grace: float
+
+    @classmethod
+    def from_env(cls) -> LedgerSettings:
+        currency = env_str("TOLLGATE_CURRENCY", DEFAULT_CURRENCY)
+        return cls(
+            common=CommonSettings.from_env(),
+            admin_token=os.environ.get("TOLLGATE_ADMIN_TOKEN", ""),
+            prices=parse_prices(os.environ.get("TOLLGATE_PRICES"), currency),
+            sweep_interval=env_float("TOLLGATE_LEDGER_SWEEP_INTERVAL", 5.0),
+            sweep_grace=env_float("TOLLGATE_LEDGER_SWEEP_GRACE", 10.0),
+        )
+
+
+def create_ledger_server(
+    engine: AsyncEngine, settings: LedgerSettings
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """The gRPC server with LedgerService and health, bound but not started."""
+    servicer = LedgerServicer(
+        engine,
+        admin_token=settings.admin_token,
+        currency=settings.prices.currency,
+        sweep_grace=settings.sweep_grace,
+    )
+    return create_server(
+        settings.common.listen,
+        lambda server: ledger_pb2_grpc.add_LedgerServiceServicer_to_server(servicer, server),
+    )
+
+
+async def keep_running(name: str, job: Callable[[], Awaitable[None]]) -> None:
+    """Restarts `job` after a failure, so a broker outage does not end the process."""
+    while True:
+        try:
+            await job()
+        except Exception as exc:
+            log.warning("background task failed; restarting", task=name, error=str(exc))
+        await asyncio.sleep(RESTART_DELAY)
+
+
+async def announce(address: str) -> None:
+    """Tells launchers the bound address, then idles: serve() stops when a task ends."""
+    log.info("serving", address=address)
+    print(f"READY {address}", flush=True)
+    await asyncio.Event().wait()
+
+
+def listen_host(listen: str) -> str:
+    host = listen.rsplit(":", 1)[0]
+    return host or "127.0.0.1"
+
+
+async def run(settings: LedgerSettings) -> None:
+    engine = create_engine(settings.common.database_url)
+    common = settings.common
+    consumer = LedgerConsumer(engine, common.kafka_bootstrap, settings.prices, topic=common.topic)
+    sweeper = Sweeper(
+        engine, settings.prices, interval=settings.sweep_interval, grace=settings.sweep_grace
+    )
+    relay = OutboxRelay(engine, common.kafka_bootstrap, topic=common.topic)
+    server, port, health_servicer = create_ledger_server(engine, settings)
+    metrics_port = start_metrics(common.metrics_port)
+    if metrics_port is not None:
+        log.info("metrics", port=metrics_port)
+    try:
+        await serve(
+            server,
+            health_servicer,
+            SERVICE_NAMES,
+            [
+                announce(f"{listen_host(common.listen)}:{port}"),
+                keep_running("consumer", consumer.run),
+                sweeper.run(),
+                relay.run(),
+            ],
+        )
+    finally:
+        await engine.dispose()
+
+
+def main() -> None:
+    configure_logging("ledger")
+    configure_tracing("ledger")
+    try:
+        settings = LedgerSettings.from_env()
+    except Exception as exc:
+        log.error("bad configuration", error=str(exc))
+        sys.exit(2)
+    asyncio.run(run(settings))

@@ -1,0 +1,118 @@
+"""The read side of the ledger: entries, usage and reconciliation, scoped by caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.auth import Principal
+from services.core.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
+from services.ledger import paging, repository
+from services.ledger.pricing import BILLING_TYPES, LedgerEntry
+
+
+def visible_tenant(principal: Principal, requested: str) -> str | None:
+    """The tenant a request may read; None means every tenant (admin only)."""
+    if principal.is_admin:
+        return requested or None
+    if requested and requested != principal.tenant_id:
+        raise PermissionDenied("an API key reads only its own tenant's ledger")
+    return principal.tenant_id
+
+
+@dataclass(frozen=True, slots=True)
+class EntriesPage:
+    entries: list[LedgerEntry]
+    next_page_token: str
+
+
+async def list_entries(
+    engine: AsyncEngine,
+    tenant_id: str | None,
+    run_id: str,
+    requested_page_size: int,
+    page_token: str,
+) -> EntriesPage:
+    try:
+        size = paging.page_size(requested_page_size)
+        after = paging.decode(page_token, _scope(tenant_id, run_id))
+    except paging.BadPageRequest as exc:
+        raise InvalidArgument([FieldViolation(exc.field, exc.description)]) from None
+    where = repository.EntryFilter(tenant_id, run_id or None)
+    async with engine.connect() as conn:
+        if run_id:
+            owner = await repository.run_tenant(conn, run_id)
+            if owner is None or (tenant_id is not None and owner != tenant_id):
+                raise NotFound(f"run {run_id} not found")
+        position = (after.created_at, after.entry_id) if after else None
+        rows = await repository.list_entries(conn, where, position, size + 1)
+    page, more = rows[:size], len(rows) > size
+    token = ""
+    if more:
+        last = page[-1]
+        assert last.created_at is not None
+        key = paging.PageKey(last.created_at, last.entry_id, _scope(tenant_id, run_id))
+        token = paging.encode(key)
+    return EntriesPage(page, token)
+
+
+def _scope(tenant_id: str | None, run_id: str) -> str:
+    return f"{tenant_id or '*'}/{run_id or '*'}"
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLine:
+    billing_type: str
+    quantity: int
+    amount_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    tenant_id: str | None
+    num_runs: int
+    lines: list[UsageLine]
+    amount_micros: int
+    currency: str
+
+
+async def usage(
+    engine: AsyncEngine,
+    tenant_id: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    currency: str,
+) -> Usage:
+    """Totals of entries created in [start, end), one line per billing type."""
+    if start is not None and end is not None and end < start:
+        raise InvalidArgument([FieldViolation("end_time", "must not be before start_time")])
+    async with engine.connect() as conn:
+        totals = await repository.usage_totals(conn, tenant_id, start, end)
+    # The standard types always appear, so a client reads zeros rather than absences.
+    types = [*BILLING_TYPES, *sorted(set(totals.quantities) - set(BILLING_TYPES))]
+    lines = [UsageLine(t, totals.quantities.get(t, 0), totals.amounts.get(t, 0)) for t in types]
+    amount = sum(line.amount_micros for line in lines)
+    return Usage(tenant_id, totals.num_runs, lines, amount, currency)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    unbilled_run_ids: list[str]
+    unreleased_run_ids: list[str]
+    mismatched_run_ids: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.unbilled_run_ids or self.unreleased_run_ids or self.mismatched_run_ids)
+
+
+async def reconcile(engine: AsyncEngine, tenant_id: str | None, grace: float) -> Reconciliation:
+    """What the ledger owes or got wrong: each list holds at most MAX_REPORTED_RUNS ids."""
+    async with engine.connect() as conn:
+        return Reconciliation(
+            unbilled_run_ids=await repository.overdue_run_ids(conn, grace, tenant_id),
+            unreleased_run_ids=await repository.unreleased_run_ids(conn, tenant_id),
+            mismatched_run_ids=await repository.mismatched_run_ids(conn, tenant_id),
+        )

@@ -1,0 +1,109 @@
+"""`LedgerService`: protobuf in, the ledger's reports out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import grpc
+from google.protobuf import timestamp_pb2
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.auth import Principal, authenticate
+from services.core.errors import rpc_errors
+from services.ledger import reports
+from services.ledger.pricing import LedgerEntry
+from tollgate.v1 import events_pb2, ledger_pb2, ledger_pb2_grpc
+
+
+class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
+    def __init__(
+        self, engine: AsyncEngine, *, admin_token: str, currency: str, sweep_grace: float
+    ) -> None:
+        self.engine = engine
+        self.admin_token = admin_token
+        self.currency = currency
+        self.sweep_grace = sweep_grace
+
+    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        return await authenticate(
+            self.engine,
+            context.invocation_metadata(),
+            admin_token=self.admin_token,
+            allow_admin=True,
+        )
+
+    @rpc_errors
+    async def ListLedgerEntries(
+        self, request: ledger_pb2.ListLedgerEntriesRequest, context: grpc.aio.ServicerContext
+    ) -> ledger_pb2.ListLedgerEntriesResponse:
+        tenant_id = reports.visible_tenant(await self._principal(context), request.tenant_id)
+        page = await reports.list_entries(
+            self.engine, tenant_id, request.run_id, request.page_size, request.page_token
+        )
+        return ledger_pb2.ListLedgerEntriesResponse(
+            entries=[entry_to_proto(entry) for entry in page.entries],
+            next_page_token=page.next_page_token,
+        )
+
+    @rpc_errors
+    async def GetUsage(
+        self, request: ledger_pb2.GetUsageRequest, context: grpc.aio.ServicerContext
+    ) -> ledger_pb2.GetUsageResponse:
+        tenant_id = reports.visible_tenant(await self._principal(context), request.tenant_id)
+        usage = await reports.usage(
+            self.engine,
+            tenant_id,
+            _time(request, "start_time"),
+            _time(request, "end_time"),
+            self.currency,
+        )
+        return ledger_pb2.GetUsageResponse(
+            tenant_id=usage.tenant_id or "",
+            num_runs=usage.num_runs,
+            lines=[
+                ledger_pb2.UsageLine(
+                    billing_type=line.billing_type,
+                    quantity=line.quantity,
+                    amount_micros=line.amount_micros,
+                )
+                for line in usage.lines
+            ],
+            amount_micros=usage.amount_micros,
+            currency=usage.currency,
+        )
+
+    @rpc_errors
+    async def GetReconciliation(
+        self, request: ledger_pb2.GetReconciliationRequest, context: grpc.aio.ServicerContext
+    ) -> ledger_pb2.Reconciliation:
+        tenant_id = reports.visible_tenant(await self._principal(context), "")
+        report = await reports.reconcile(self.engine, tenant_id, self.sweep_grace)
+        return ledger_pb2.Reconciliation(
+            ok=report.ok,
+            unbilled_run_ids=report.unbilled_run_ids,
+            unreleased_run_ids=report.unreleased_run_ids,
+            mismatched_run_ids=report.mismatched_run_ids,
+        )
+
+
+def _time(request: ledger_pb2.GetUsageRequest, name: str) -> datetime | None:
+    if not request.HasField(name):
+        return None
+    stamp: timestamp_pb2.Timestamp = getattr(request, name)
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def entry_to_proto(entry: LedgerEntry) -> events_pb2.LedgerEntry:
+    message = events_pb2.LedgerEntry(
+        entry_id=entry.entry_id,
+        tenant_id=entry.tenant_id,
+        run_id=entry.run_id,
+        idempotency_key=entry.idempotency_key,
+        billing_type=entry.billing_type,
+        quantity=entry.quantity,
+        unit_price_micros=entry.unit_price_micros,
+        amount_micros=entry.amount_micros,
+    )
+    if entry.created_at is not None:
+        message.create_time.FromDatetime(entry.created_at)
+    return message

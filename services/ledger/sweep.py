@@ -1,0 +1,79 @@
+"""The sweep: bills terminal runs whose terminal event never reached the consumer.
+
+Kafka may lose events (and the embedded broker keeps none across restarts), so
+the `runs` projection, not the topic, decides what is owed.  A run is swept
+only after a grace period, leaving the consumer the first chance; a late
+delivery after the sweep finds the run billed and does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.runs import EventStoreError
+from services.core.telemetry import bound_log_context, get_tracer
+from services.ledger import repository
+from services.ledger.billing import Bill, bill_run
+from services.ledger.metrics import record_bill
+from services.ledger.pricing import PriceTable
+
+log = structlog.get_logger(__name__)
+
+
+class Sweeper:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        prices: PriceTable,
+        *,
+        interval: float = 5.0,
+        grace: float = 10.0,
+        batch_size: int = 100,
+    ) -> None:
+        self.engine = engine
+        self.prices = prices
+        self.interval = interval
+        self.grace = grace
+        self.batch_size = batch_size
+
+    async def run(self) -> None:
+        """Sweeps every `interval` seconds until cancelled."""
+        while True:
+            try:
+                await self.sweep_once()
+            except Exception as exc:  # the database may be briefly away: try next round
+                log.warning("sweep failed", error=str(exc))
+            await asyncio.sleep(self.interval)
+
+    async def sweep_once(self) -> list[Bill]:
+        """Bills every overdue run, each in its own transaction; returns the bills."""
+        bills: list[Bill] = []
+        while True:
+            async with self.engine.connect() as conn:
+                run_ids = await repository.overdue_run_ids(conn, self.grace, limit=self.batch_size)
+            billed = [bill for run_id in run_ids if (bill := await self.bill_one(run_id))]
+            bills.extend(billed)
+            # A full batch with no progress would come back the same: wait for the next round.
+            if len(run_ids) < self.batch_size or not billed:
+                return bills
+
+    async def bill_one(self, run_id: str) -> Bill | None:
+        with bound_log_context(run_id=run_id), get_tracer().start_as_current_span("ledger.sweep"):
+            try:
+                async with self.engine.begin() as conn:
+                    bill = await bill_run(conn, run_id, self.prices)
+            except EventStoreError as exc:
+                log.warning("sweep could not bill run", error=str(exc))
+                return None
+        if bill is not None:
+            record_bill(bill, "sweep")
+            log.info(
+                "unbilled run swept",
+                tenant_id=bill.tenant_id,
+                seq=bill.seq,
+                amount_micros=bill.amount_micros,
+            )
+        return bill

@@ -1,0 +1,1 @@
+"""The scheduler: queues runs by class and tenant weight, dispatches them to workers."""

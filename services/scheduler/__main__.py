@@ -1,0 +1,24 @@
+"""`python -m services.scheduler`: configured by TOLLGATE_* environment variables."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from services.core.config import ConfigError
+from services.scheduler.app import serve
+from services.scheduler.config import SchedulerSettings
+
+
+def main() -> int:
+    try:
+        settings = SchedulerSettings.from_env()
+    except ConfigError as error:
+        print(f"scheduler: {error}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The scheduler process: its parts wired together, the server, `serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core import server as core_server
+from services.core.db import create_engine
+from services.core.eventstore import EventStore
+from services.core.relay import OutboxRelay
+from services.core.telemetry import configure_logging, configure_tracing
+from services.scheduler import metrics
+from services.scheduler.cancel import Canceller
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.dispatcher import Dispatcher
+from services.scheduler.engine_client import WorkerClients
+from services.scheduler.intake import EventTrigger, Intake
+from services.scheduler.liveness import LivenessChecker
+from services.scheduler.recovery import Recovery
+from services.scheduler.repository import SchedulerRepository
+from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.state import SchedulerState
+from services.scheduler.tracking import AssignmentTracker
+from services.scheduler.workers import WorkerRegistry
+from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+class SchedulerApp:
+    """Every part of one scheduler; `background()` are the loops the process runs."""
+
+    def __init__(self, settings: SchedulerSettings, engine: AsyncEngine) -> None:
+        self.settings = settings
+        registry = WorkerRegistry()
+        for worker_id, address in settings.workers.items():
+            registry.add_static(worker_id, address)
+        self.state = SchedulerState(registry, settings.max_skip_age)
+        self.store = EventStore(engine)
+        self.repository = SchedulerRepository(engine, settings.block_size)
+        self.clients = WorkerClients()
+        self.intake = Intake(self.state, self.repository)
+        self.tracker = AssignmentTracker(self.state, self.repository)
+        self.recovery = Recovery(self.state, self.store, self.intake.take)
+        self.liveness = LivenessChecker(
+            self.state,
+            self.clients,
+            self.recovery.recover,
+            timeout=settings.worker_timeout,
+            interval=settings.heartbeat_interval,
+        )
+        self.dispatcher = Dispatcher(
+            self.state,
+            self.store,
+            self.repository,
+            self.clients,
+            on_no_room=self.liveness.poll_now,
+        )
+        self.trigger = EventTrigger(
+            settings.common.kafka_bootstrap,
+            on_queued=self.intake.take,
+            on_ended=self.state.forget,
+            topic=settings.common.topic,
+            session_timeout_ms=settings.kafka_session_timeout_ms,
+        )
+        self.relay = OutboxRelay(
+            engine, settings.common.kafka_bootstrap, topic=settings.common.topic
+        )
+        self.servicer = SchedulerServicer(
+            self.state,
+            Canceller(self.state, self.store, self.repository, self.clients),
+            heartbeat_interval=settings.heartbeat_interval,
+            on_register=self.liveness.poll_now.set,
+        )
+        metrics.observe_state(self.state)
+
+    async def rescan(self) -> None:
+        """The projection as source of truth: at start and every `rescan_seconds`."""
+        while True:
+            try:
+                await self.intake.scan()
+                await self.tracker.sync()
+            except Exception:
+                log.exception("rescan failed")
+            await asyncio.sleep(self.settings.rescan_seconds)
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return [
+            self.rescan(),
+            self.dispatcher.run(),
+            self.liveness.run(),
+            self.trigger.run(),
+            self.relay.run(),
+        ]
+
+    async def close(self) -> None:
+        await self.clients.close()
+
+
+def create_server(
+    listen: str, app: SchedulerApp
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    def add(server: grpc.aio.Server) -> None:
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(app.servicer, server)
+
+    return core_server.create_server(listen, add)
+
+
+async def _announce(listen: str, port: int) -> None:
+    # The launcher reads the port from this line when TOLLGATE_LISTEN ends in :0.
+    host = listen.rpartition(":")[0] or "127.0.0.1"
+    print(f"READY {host}:{port}", flush=True, file=sys.stdout)
+    await asyncio.Event().wait()
+
+
+async def serve(settings: SchedulerSettings) -> None:
+    """Runs the scheduler until SIGTERM/SIGINT."""
+    configure_logging("scheduler")
+    configure_tracing("scheduler")
+    engine = create_engine(settings.common.database_url)
+    app = SchedulerApp(settings, engine)
+    server, port, health_servicer = create_server(settings.common.listen, app)
+    metrics_port = core_server.start_metrics(settings.common.metrics_port)
+    log.info(
+        "scheduler starting", port=port, metrics_port=metrics_port, workers=len(settings.workers)
+    )
+    try:
+        await core_server.serve(
+            server,
+            health_servicer,
+            [SERVICE_NAME],
+            [*app.background(), _announce(settings.common.listen, port)],
+        )
+    finally:
+        await app.close()
+        await engine.dispose()

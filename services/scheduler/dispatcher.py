@@ -1,0 +1,147 @@
+"""The dispatch loop: next run that fits, a worker with room, lease, AssignRun."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from services.core.eventstore import EventStore
+from services.core.runs import EventStoreError, NewEvent, RunState
+from services.core.telemetry import bound_log_context, context_from_traceparent, get_tracer
+from services.scheduler import metrics
+from services.scheduler.engine_client import AssignOutcome, Grant, WorkerClients
+from services.scheduler.records import Assignment, QueuedRun
+from services.scheduler.repository import SchedulerRepository
+from services.scheduler.state import SchedulerState
+
+log = structlog.get_logger(__name__)
+
+MAX_REJECTIONS = 3
+REJECTED = "REJECTED"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        state: SchedulerState,
+        store: EventStore,
+        repository: SchedulerRepository,
+        clients: WorkerClients,
+        *,
+        idle_interval: float = 0.5,
+        on_no_room: asyncio.Event | None = None,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.repository = repository
+        self.clients = clients
+        self.idle_interval = idle_interval
+        # Set when a worker refused for lack of room, so its status is refreshed.
+        self.on_no_room = on_no_room
+        # run_id -> how often workers refused it outright
+        self.rejections: dict[str, int] = {}
+
+    async def run(self) -> None:
+        """Dispatches until cancelled; sleeps while nothing fits."""
+        while True:
+            self.state.wake.clear()
+            try:
+                while await self.dispatch_one():
+                    pass
+            except Exception:  # database trouble: the run went back, try again later
+                log.exception("dispatch failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.state.wake.wait(), self.idle_interval)
+
+    async def dispatch_one(self) -> bool:
+        """Hands one run to a worker; False when no queued run fits any worker now."""
+        run = self.state.take_next(time.time())
+        if run is None:
+            return False
+        span = get_tracer().start_as_current_span(
+            "scheduler.dispatch",
+            context=context_from_traceparent(run.traceparent),
+            attributes={"tollgate.run_id": run.run_id, "tollgate.tenant_id": run.tenant_id},
+        )
+        try:
+            with span, bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
+                await self._dispatch(run)
+        except BaseException:
+            self.state.put_back(run)
+            raise
+        return True
+
+    async def _dispatch(self, run: QueuedRun) -> None:
+        worker = self.state.registry.choose(run.kv_blocks, run.model)
+        if worker is None:  # cannot happen right after take_next; be safe anyway
+            self.state.put_back(run)
+            return
+        leased = await self.repository.lease_if_queued(run.run_id, worker.worker_id)
+        if leased is None:
+            log.info("run no longer queued; dropped")
+            self.rejections.pop(run.run_id, None)
+            self.state.settle(run.run_id)
+            return
+        grant = Grant(lease_epoch=leased[0], last_seq=leased[1])
+        result = await self.clients.assign(worker.address, run, grant)
+        metrics.DISPATCHES.labels(outcome=str(result.outcome)).inc()
+        if result.outcome == AssignOutcome.ASSIGNED:
+            self._assigned(run, worker.worker_id, grant)
+        elif result.outcome == AssignOutcome.REFUSED:
+            await self._rejected(run, worker.worker_id, grant, result.detail)
+        else:
+            self._not_now(run, worker.worker_id, result.outcome)
+
+    def _assigned(self, run: QueuedRun, worker_id: str, grant: Grant) -> None:
+        self.rejections.pop(run.run_id, None)
+        self.state.registry.reserve(worker_id, run.kv_blocks)
+        assignment = Assignment(
+            run_id=run.run_id,
+            tenant_id=run.tenant_id,
+            worker_id=worker_id,
+            lease_epoch=grant.lease_epoch,
+            since=time.monotonic(),
+        )
+        self.state.settle(run.run_id, assignment)
+        metrics.QUEUE_SECONDS.observe(max(0.0, time.time() - run.queued_at))
+        log.info("run assigned", worker_id=worker_id, lease_epoch=grant.lease_epoch)
+
+    def _not_now(self, run: QueuedRun, worker_id: str, outcome: AssignOutcome) -> None:
+        if outcome == AssignOutcome.NO_ROOM:
+            self.state.registry.mark_full(worker_id, run.kv_blocks)
+            if self.on_no_room is not None:
+                self.on_no_room.set()
+        else:
+            self.state.registry.mark_suspect(worker_id)
+        # last_seq is unchanged: the lease moved, no event was appended.
+        self.state.put_back(run)
+
+    async def _rejected(self, run: QueuedRun, worker_id: str, grant: Grant, detail: str) -> None:
+        """A worker refused the run itself; after MAX_REJECTIONS it ends `failed`."""
+        # The worker is not asked again until it is heard from, so this cannot spin.
+        self.state.registry.mark_suspect(worker_id)
+        count = self.rejections[run.run_id] = self.rejections.get(run.run_id, 0) + 1
+        if count < MAX_REJECTIONS:
+            self.state.put_back(run)
+            return
+        del self.rejections[run.run_id]
+        failed = NewEvent(
+            RunState.FAILED,
+            {
+                "code": REJECTED,
+                "message": f"no worker accepted the run: {detail}",
+                "usage": {"prompt_tokens": len(run.prompt_token_ids)},
+            },
+        )
+        try:
+            await self.store.append(
+                run.run_id, grant.last_seq, [failed], lease_epoch=grant.lease_epoch
+            )
+        except EventStoreError:
+            self.state.put_back(run)  # it moved on meanwhile; the next round decides again
+            return
+        log.warning("run failed: rejected by workers", detail=detail)
+        self.state.settle(run.run_id)

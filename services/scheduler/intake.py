@@ -1,0 +1,129 @@
+"""How runs reach the queue: the `runs` projection, and Kafka as a fast trigger.
+
+The projection is the source of truth: every `rescan` seconds (and at start)
+every run in state `queued` the scheduler does not know yet is loaded and
+queued, and queued runs that left that state elsewhere (a cancel through
+admission) are dropped.  Kafka `queued` events only make intake immediate;
+Kafka terminal events end assignments early.  Nothing depends on Kafka
+keeping its data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Collection
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from services.core.codec import kind_of
+from services.core.config import RUN_EVENTS_TOPIC
+from services.core.runs import TERMINAL_STATES, RunState
+from services.scheduler.repository import SchedulerRepository
+from services.scheduler.state import SchedulerState
+from tollgate.v1 import events_pb2
+
+log = structlog.get_logger(__name__)
+
+GROUP_ID = "tollgate-scheduler"
+ENDED_KINDS = TERMINAL_STATES | {RunState.BILLED}
+
+
+class Intake:
+    def __init__(self, state: SchedulerState, repository: SchedulerRepository) -> None:
+        self.state = state
+        self.repository = repository
+
+    async def take(self, run_ids: Collection[str]) -> int:
+        """Queues those of `run_ids` that are in state `queued` and not known yet."""
+        unknown = [run_id for run_id in dict.fromkeys(run_ids) if not self.state.knows(run_id)]
+        runs = await self.repository.load_queued(unknown)
+        return sum(self.state.enqueue(run) for run in runs)
+
+    async def scan(self) -> int:
+        """Brings the queue in line with the projection; returns how many runs were added."""
+        queued_before = set(self.state.queued)
+        queued_now = set(await self.repository.queued_run_ids())
+        for run_id in queued_before - queued_now:
+            # Ended elsewhere meanwhile; a run that left the queue since is untouched.
+            if run_id in self.state.queued:
+                self.state.dequeue(run_id)
+        return await self.take(queued_now)
+
+
+class EventTrigger:
+    """Reads run events from Kafka: `queued` → intake, terminal → assignment ends."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        on_queued: Callable[[Collection[str]], Awaitable[object]],
+        on_ended: Callable[[str], None],
+        topic: str = RUN_EVENTS_TOPIC,
+        group_id: str = GROUP_ID,
+        session_timeout_ms: int = 10_000,
+        retry_interval: float = 2.0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.on_queued = on_queued
+        self.on_ended = on_ended
+        self.topic = topic
+        self.group_id = group_id
+        self.session_timeout_ms = session_timeout_ms
+        self.retry_interval = retry_interval
+        # Set while the consumer holds partitions, i.e. sees new events.
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Consumes until cancelled; a broker outage only delays intake to the next scan."""
+        while True:
+            try:
+                await self._consume()
+            except Exception as exc:
+                log.warning("event trigger stopped", error=repr(exc))
+                self.ready.clear()
+                await asyncio.sleep(self.retry_interval)
+
+    async def _consume(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            # The projection scan covers anything older than this consumer.
+            auto_offset_reset="latest",
+            enable_auto_commit=True,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
+        )
+        consumer.subscribe([self.topic], listener=_Readiness(self.ready))
+        try:
+            await consumer.start()
+            while True:
+                batches = await consumer.getmany(timeout_ms=500, max_records=500)
+                await self._apply([r.value for records in batches.values() for r in records])
+        finally:
+            self.ready.clear()
+            await consumer.stop()
+
+    async def _apply(self, values: list[bytes]) -> None:
+        queued: list[str] = []
+        for value in values:
+            event = events_pb2.RunEvent.FromString(value)
+            kind = kind_of(event)
+            if kind == RunState.QUEUED:
+                queued.append(event.run_id)
+            elif kind in ENDED_KINDS:
+                self.on_ended(event.run_id)
+        if queued:
+            await self.on_queued(queued)
+
+
+class _Readiness(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, ready: asyncio.Event) -> None:
+        self.ready = ready
+
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
+        self.ready.clear()
+
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        self.ready.set()

@@ -1,0 +1,83 @@
+"""Worker liveness: status polls, lost workers, runs left without a live worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from services.scheduler import metrics
+from services.scheduler.engine_client import WorkerClients
+from services.scheduler.records import Assignment
+from services.scheduler.state import SchedulerState
+from services.scheduler.workers import Worker
+
+log = structlog.get_logger(__name__)
+
+Recover = Callable[[Assignment], Awaitable[None]]
+
+
+class LivenessChecker:
+    """Polls every worker's GetWorkerStatus; a worker unheard of for `timeout` is lost.
+
+    A lost worker's runs go to `recover`; so do runs assigned to a worker that
+    has not been alive for `timeout` since they were adopted (a run found in
+    the projection after a restart whose owner never shows up).
+    """
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        clients: WorkerClients,
+        recover: Recover,
+        *,
+        timeout: float = 5.0,
+        interval: float = 1.0,
+    ) -> None:
+        self.state = state
+        self.clients = clients
+        self.recover = recover
+        self.timeout = timeout
+        self.interval = interval
+        self.poll_now = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check_once()
+            except Exception:
+                log.exception("liveness check failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.poll_now.wait(), self.interval)
+            self.poll_now.clear()
+
+    async def check_once(self) -> None:
+        await asyncio.gather(*(self._poll(w) for w in self.state.registry.all()))
+        now = time.monotonic()
+        lost = set(self.state.registry.expire(now, self.timeout))
+        for worker_id in lost:
+            metrics.WORKERS_LOST.inc()
+            log.warning("worker lost", worker_id=worker_id)
+        orphans = [a for a in self.state.assignments.values() if self._orphaned(a, lost, now)]
+        for assignment in orphans:
+            await self.recover(assignment)
+
+    def _orphaned(self, assignment: Assignment, lost: set[str], now: float) -> bool:
+        if assignment.worker_id in lost:
+            return True
+        # Adopted from the projection, or left over from a failed recovery.
+        alive = self.state.registry.is_alive(assignment.worker_id)
+        return not alive and now - assignment.since > self.timeout
+
+    async def _poll(self, worker: Worker) -> None:
+        report = await self.clients.status(worker.address, timeout=min(self.interval, 2.0))
+        if report is None:
+            return
+        was_alive = worker.alive
+        self.state.registry.observe(worker.worker_id, report, time.monotonic())
+        if not was_alive:
+            log.info("worker available", worker_id=worker.worker_id, address=worker.address)
+        self.state.wake.set()

@@ -1,0 +1,95 @@
+"""The scheduler's values: queued runs, assignments, projection rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from services.core.runs import RunState
+from services.scheduler.fair_queue import QueueClass, Ticket
+
+# Lease owner while the scheduler itself settles a run whose worker was lost.
+SCHEDULER_OWNER = "scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRun:
+    """A run in state `queued`, with what dispatch needs from its latest `queued` event."""
+
+    run_id: str
+    tenant_id: str
+    model: str
+    queue_class: QueueClass
+    last_seq: int
+    payload: Mapping[str, Any]  # the latest `queued` event's payload
+    traceparent: str
+    created_at: float  # epoch seconds of the run's creation
+    queued_at: float  # epoch seconds of its latest `queued` event
+    weight: int
+    kv_blocks: int
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return [int(token) for token in self.payload.get("prompt_token_ids", [])]
+
+    @property
+    def sampling(self) -> Mapping[str, Any]:
+        return self.payload.get("sampling", {})
+
+    def ticket(self) -> Ticket:
+        return Ticket(
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            queue_class=self.queue_class,
+            cost=self.kv_blocks,
+            weight=max(1, self.weight),
+            enqueued_at=self.created_at,
+        )
+
+
+def kv_blocks_of(payload: Mapping[str, Any], block_size: int) -> int:
+    """The blocks admission reserved, or what prompt + max_tokens need."""
+    reserved = int(payload.get("kv_blocks_reserved", 0) or 0)
+    if reserved > 0:
+        return reserved
+    num_tokens = len(payload.get("prompt_token_ids", [])) + int(
+        payload.get("sampling", {}).get("max_tokens", 0) or 0
+    )
+    return max(1, -(-num_tokens // block_size))
+
+
+def queue_class_of(priority: str) -> QueueClass:
+    return QueueClass.BATCH if priority == QueueClass.BATCH else QueueClass.INTERACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A run handed to a worker under a lease epoch, until it ends."""
+
+    run_id: str
+    tenant_id: str
+    worker_id: str
+    lease_epoch: int
+    since: float  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """The projection columns the scheduler watches."""
+
+    run_id: str
+    tenant_id: str
+    state: RunState
+    owner: str | None
+    lease_epoch: int
+    last_seq: int
+
+    @property
+    def has_ended(self) -> bool:
+        return self.state in (
+            RunState.COMPLETED,
+            RunState.FAILED,
+            RunState.CANCELLED,
+            RunState.BILLED,
+        )

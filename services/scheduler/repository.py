@@ -1,0 +1,132 @@
+"""The scheduler's reads of the `runs` projection and its conditional lease."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.runs import RunState
+from services.core.schema import run_events, runs, tenants
+from services.scheduler.records import QueuedRun, RunStatus, kv_blocks_of, queue_class_of
+
+ACTIVE_STATES = (str(RunState.PREFILL), str(RunState.STREAMING))
+
+
+class SchedulerRepository:
+    def __init__(self, engine: AsyncEngine, block_size: int = 16) -> None:
+        self.engine = engine
+        self.block_size = block_size
+
+    async def queued_run_ids(self) -> list[str]:
+        """Every run in state `queued`, oldest first."""
+        query = (
+            sa.select(runs.c.run_id)
+            .where(runs.c.state == str(RunState.QUEUED))
+            .order_by(runs.c.created_at)
+        )
+        async with self.engine.connect() as conn:
+            return list((await conn.scalars(query)).all())
+
+    async def load_queued(self, run_ids: Collection[str]) -> list[QueuedRun]:
+        """Those of `run_ids` still in state `queued`, with their latest `queued` event."""
+        if not run_ids:
+            return []
+        latest = (
+            sa.select(
+                run_events.c.payload,
+                run_events.c.traceparent,
+                run_events.c.created_at.label("queued_at"),
+            )
+            .where(run_events.c.run_id == runs.c.run_id, run_events.c.kind == str(RunState.QUEUED))
+            .order_by(run_events.c.seq.desc())
+            .limit(1)
+            .lateral("latest")
+        )
+        query = (
+            sa.select(
+                runs.c.run_id,
+                runs.c.tenant_id,
+                runs.c.model,
+                runs.c.priority,
+                runs.c.last_seq,
+                runs.c.created_at,
+                sa.func.coalesce(tenants.c.weight, 1).label("weight"),
+                latest.c.payload,
+                latest.c.traceparent,
+                latest.c.queued_at,
+            )
+            .select_from(
+                runs.join(latest, sa.true()).outerjoin(
+                    tenants, tenants.c.tenant_id == runs.c.tenant_id
+                )
+            )
+            .where(runs.c.state == str(RunState.QUEUED), runs.c.run_id.in_(list(run_ids)))
+            .order_by(runs.c.created_at)
+        )
+        async with self.engine.connect() as conn:
+            return [self._queued_run(row._mapping) for row in await conn.execute(query)]
+
+    def _queued_run(self, row: sa.RowMapping) -> QueuedRun:
+        payload = row["payload"]
+        return QueuedRun(
+            run_id=row["run_id"],
+            tenant_id=row["tenant_id"],
+            model=row["model"],
+            queue_class=queue_class_of(row["priority"]),
+            last_seq=row["last_seq"],
+            payload=payload,
+            traceparent=row["traceparent"],
+            created_at=row["created_at"].timestamp(),
+            queued_at=row["queued_at"].timestamp(),
+            weight=row["weight"],
+            kv_blocks=kv_blocks_of(payload, self.block_size),
+        )
+
+    async def lease_if_queued(self, run_id: str, owner: str) -> tuple[int, int] | None:
+        """acquire_lease for a run still in state `queued`: (lease_epoch, last_seq) or None.
+
+        The state guard keeps a run that ended meanwhile (a cancel) from being handed out.
+        """
+        query = (
+            runs.update()
+            .where(runs.c.run_id == run_id, runs.c.state == str(RunState.QUEUED))
+            .values(lease_epoch=runs.c.lease_epoch + 1, owner=owner)
+            .returning(runs.c.lease_epoch, runs.c.last_seq)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(query)).first()
+        return (int(row.lease_epoch), int(row.last_seq)) if row else None
+
+    async def statuses(self, run_ids: Collection[str]) -> dict[str, RunStatus]:
+        if not run_ids:
+            return {}
+        return await self._statuses(runs.c.run_id.in_(list(run_ids)))
+
+    async def active_runs(self) -> dict[str, RunStatus]:
+        """Runs a worker has started (prefill, streaming)."""
+        return await self._statuses(runs.c.state.in_(ACTIVE_STATES))
+
+    async def _statuses(self, condition: sa.ColumnElement[bool]) -> dict[str, RunStatus]:
+        query = sa.select(
+            runs.c.run_id,
+            runs.c.tenant_id,
+            runs.c.state,
+            runs.c.owner,
+            runs.c.lease_epoch,
+            runs.c.last_seq,
+        ).where(condition)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return {
+            row.run_id: RunStatus(
+                run_id=row.run_id,
+                tenant_id=row.tenant_id,
+                state=RunState(row.state),
+                owner=row.owner,
+                lease_epoch=int(row.lease_epoch),
+                last_seq=int(row.last_seq),
+            )
+            for row in rows
+        }

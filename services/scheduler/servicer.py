@@ -1,0 +1,83 @@
+"""SchedulerService: protobuf in, scheduler core, protobuf out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+
+from services.core.errors import FieldViolation, InvalidArgument, rpc_errors
+from services.scheduler.cancel import Canceller
+from services.scheduler.state import SchedulerState
+from services.scheduler.workers import WorkerReport
+from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(
+        self,
+        state: SchedulerState,
+        canceller: Canceller,
+        *,
+        heartbeat_interval: float,
+        on_register: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.state = state
+        self.canceller = canceller
+        self.heartbeat_interval = heartbeat_interval
+        self.on_register = on_register
+
+    @rpc_errors
+    async def GetQueueStats(
+        self, request: scheduler_pb2.GetQueueStatsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.QueueStats:
+        stats = self.state.stats()
+        return scheduler_pb2.QueueStats(
+            num_interactive=stats.num_interactive,
+            num_batch=stats.num_batch,
+            num_running=stats.num_running,
+            num_workers=stats.num_workers,
+            num_free_blocks=stats.num_free_blocks,
+        )
+
+    @rpc_errors
+    async def RegisterWorker(
+        self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.RegisterWorkerResponse:
+        _require(worker_id=request.worker_id, address=request.address)
+        self.state.registry.register(
+            request.worker_id, request.address, request.model, time.monotonic()
+        )
+        self.on_register()
+        return scheduler_pb2.RegisterWorkerResponse(
+            heartbeat_interval_seconds=self.heartbeat_interval
+        )
+
+    @rpc_errors
+    async def Heartbeat(
+        self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.HeartbeatResponse:
+        _require(worker_id=request.worker_id)
+        report = WorkerReport(
+            num_free_blocks=request.num_free_blocks,
+            running_run_ids=frozenset(request.running_run_ids),
+        )
+        known = self.state.registry.heartbeat(request.worker_id, report, time.monotonic())
+        if known:
+            self.state.wake.set()
+        return scheduler_pb2.HeartbeatResponse(known=known)
+
+    @rpc_errors
+    async def CancelRun(
+        self, request: scheduler_pb2.SchedulerCancelRunRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SchedulerCancelRunResponse:
+        _require(run_id=request.run_id)
+        found = await self.canceller.cancel(request.run_id, request.reason)
+        return scheduler_pb2.SchedulerCancelRunResponse(found=found)
+
+
+def _require(**fields: str) -> None:
+    missing = [FieldViolation(name, "is required") for name, value in fields.items() if not value]
+    if missing:
+        raise InvalidArgument(missing)

@@ -1,0 +1,121 @@
+"""What the scheduler knows about runs: queued, being dispatched, assigned.
+
+Every run id is in at most one of the queue, the dispatching set and the
+assignments; `knows` is the dedupe check for intake.  Only the event loop
+touches this state, so a check and the change it guards need no lock as long
+as no `await` separates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from services.scheduler.fair_queue import FairQueue, QueueClass
+from services.scheduler.records import Assignment, QueuedRun
+from services.scheduler.workers import WorkerRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    num_interactive: int
+    num_batch: int
+    num_running: int
+    num_workers: int
+    num_free_blocks: int
+
+
+class SchedulerState:
+    def __init__(self, registry: WorkerRegistry, max_skip_age: float = 30.0) -> None:
+        self.registry = registry
+        self.queue = FairQueue(max_skip_age)
+        self.queued: dict[str, QueuedRun] = {}
+        self.assignments: dict[str, Assignment] = {}
+        # Runs taken off the queue whose AssignRun has not settled yet.
+        self.dispatching: dict[str, asyncio.Event] = {}
+        # Runs the scheduler is ending or re-queueing itself (cancel, lost worker).
+        self.settling: set[str] = set()
+        # Set whenever dispatch may find something new to do.
+        self.wake = asyncio.Event()
+
+    def knows(self, run_id: str) -> bool:
+        return (
+            run_id in self.queued
+            or run_id in self.assignments
+            or run_id in self.dispatching
+            or run_id in self.settling
+        )
+
+    def enqueue(self, run: QueuedRun) -> bool:
+        """Queues `run` unless it is known already."""
+        if self.knows(run.run_id):
+            return False
+        self.queued[run.run_id] = run
+        self.queue.push(run.ticket())
+        self.wake.set()
+        return True
+
+    def dequeue(self, run_id: str) -> QueuedRun | None:
+        self.queue.remove(run_id)
+        return self.queued.pop(run_id, None)
+
+    def take_next(self, now: float) -> QueuedRun | None:
+        """Moves the next run that fits some worker from the queue to dispatching."""
+        ticket = self.queue.pick(
+            lambda t: self._run_fits(t.run_id), now, lambda t: self._may_ever_fit(t.run_id)
+        )
+        if ticket is None:
+            return None
+        run = self.queued.pop(ticket.run_id)
+        self.dispatching[run.run_id] = asyncio.Event()
+        return run
+
+    def _run_fits(self, run_id: str) -> bool:
+        run = self.queued[run_id]
+        return self.registry.choose(run.kv_blocks, run.model) is not None
+
+    def _may_ever_fit(self, run_id: str) -> bool:
+        run = self.queued[run_id]
+        return self.registry.may_ever_fit(run.kv_blocks, run.model)
+
+    def settle(self, run_id: str, assignment: Assignment | None = None) -> None:
+        """Ends the dispatch of `run_id`: assigned, or (None) dropped."""
+        if assignment is not None:
+            self.assignments[run_id] = assignment
+        event = self.dispatching.pop(run_id, None)
+        if event is not None:
+            event.set()
+
+    def put_back(self, run: QueuedRun) -> None:
+        """Returns a run whose dispatch failed to the queue."""
+        self.settle(run.run_id)
+        self.enqueue(run)
+
+    async def wait_settled(self, run_id: str, timeout: float) -> None:
+        event = self.dispatching.get(run_id)
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+
+    def forget(self, run_id: str, lease_epoch: int | None = None) -> None:
+        """Drops a run that ended (or, given `lease_epoch`, only that assignment of it)."""
+        assignment = self.assignments.get(run_id)
+        if assignment is not None and lease_epoch in (None, assignment.lease_epoch):
+            del self.assignments[run_id]
+            self.wake.set()
+        if lease_epoch is None:
+            self.dequeue(run_id)
+
+    def assignments_of(self, worker_id: str) -> list[Assignment]:
+        return [a for a in self.assignments.values() if a.worker_id == worker_id]
+
+    def stats(self) -> QueueStats:
+        alive = list(self.registry.alive())
+        return QueueStats(
+            num_interactive=self.queue.count(QueueClass.INTERACTIVE),
+            num_batch=self.queue.count(QueueClass.BATCH),
+            num_running=len(self.assignments),
+            num_workers=len(alive),
+            num_free_blocks=sum(w.num_free_blocks for w in alive),
+        )

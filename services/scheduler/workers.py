@@ -1,0 +1,160 @@
+"""The worker registry: who serves what, how much room each has, who is alive.
+
+Pure bookkeeping; callers pass the time (monotonic seconds).  A worker is
+known from configuration (static: kept across outages, alive again once it
+answers) or from RegisterWorker (forgotten when lost; it registers again).
+Its free blocks are the last value it reported, lowered locally by every run
+assigned since, so dispatch does not pile runs onto one worker between reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What a worker says about itself (GetWorkerStatus or Heartbeat)."""
+
+    num_free_blocks: int
+    running_run_ids: frozenset[str] = frozenset()
+    model: str | None = None  # None: not reported
+    num_total_blocks: int | None = None
+    block_size: int | None = None
+    draining: bool = False
+
+
+@dataclass(slots=True)
+class Worker:
+    worker_id: str
+    address: str
+    model: str = ""  # "" = serves whatever it is sent
+    static: bool = False
+    alive: bool = False
+    suspect: bool = False
+    draining: bool = False
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    block_size: int = 0
+    running_run_ids: frozenset[str] = field(default_factory=frozenset)
+    last_seen: float = 0.0
+
+    def serves(self, model: str) -> bool:
+        return not self.model or self.model == model
+
+    def can_take(self, cost: int, model: str) -> bool:
+        return (
+            self.alive
+            and not self.suspect
+            and not self.draining
+            and self.serves(model)
+            and self.num_free_blocks >= cost
+        )
+
+    @property
+    def capacity(self) -> int:
+        return max(self.num_total_blocks, self.num_free_blocks)
+
+
+class WorkerRegistry:
+    """Known workers by id."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, Worker] = {}
+
+    def add_static(self, worker_id: str, address: str) -> None:
+        """A configured worker: dispatchable once it first answers a status poll."""
+        self._workers[worker_id] = Worker(worker_id, address, static=True)
+
+    def register(self, worker_id: str, address: str, model: str, now: float) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            worker = self._workers[worker_id] = Worker(worker_id, address)
+        worker.address = address
+        worker.model = model
+        # Free blocks stay unknown (0) until the first heartbeat or status.
+        self._see(worker, now)
+
+    def heartbeat(self, worker_id: str, report: WorkerReport, now: float) -> bool:
+        """Applies a heartbeat; False when the worker is unknown and must register."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return False
+        self.observe(worker_id, report, now)
+        return True
+
+    def observe(self, worker_id: str, report: WorkerReport, now: float) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return
+        worker.num_free_blocks = report.num_free_blocks
+        worker.running_run_ids = report.running_run_ids
+        worker.draining = report.draining
+        if report.model is not None:
+            worker.model = report.model
+        if report.num_total_blocks is not None:
+            worker.num_total_blocks = report.num_total_blocks
+        if report.block_size is not None:
+            worker.block_size = report.block_size
+        self._see(worker, now)
+
+    def _see(self, worker: Worker, now: float) -> None:
+        worker.alive = True
+        worker.suspect = False
+        worker.last_seen = now
+
+    def mark_suspect(self, worker_id: str) -> None:
+        """No dispatch to it until it is heard from again."""
+        if worker_id in self._workers:
+            self._workers[worker_id].suspect = True
+
+    def mark_full(self, worker_id: str, cost: int) -> None:
+        """It refused a run of `cost` blocks: it has less room than that."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.num_free_blocks = min(worker.num_free_blocks, cost - 1)
+
+    def reserve(self, worker_id: str, cost: int) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.num_free_blocks = max(0, worker.num_free_blocks - cost)
+
+    def choose(self, cost: int, model: str) -> Worker | None:
+        """The dispatchable worker with the most free blocks that fits `cost`."""
+        fitting = [w for w in self._workers.values() if w.can_take(cost, model)]
+        return max(fitting, key=lambda w: (w.num_free_blocks, w.worker_id), default=None)
+
+    def may_ever_fit(self, cost: int, model: str) -> bool:
+        """Whether some live worker serving `model` could hold `cost` blocks once idle."""
+        return any(
+            w.alive and w.serves(model) and w.capacity >= cost for w in self._workers.values()
+        )
+
+    def expire(self, now: float, timeout: float) -> list[str]:
+        """Marks workers unheard of for `timeout` seconds as lost; returns their ids."""
+        lost = [
+            w.worker_id for w in self._workers.values() if w.alive and now - w.last_seen > timeout
+        ]
+        for worker_id in lost:
+            if self._workers[worker_id].static:
+                self._workers[worker_id].alive = False
+            else:
+                del self._workers[worker_id]
+        return lost
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self._workers.get(worker_id)
+
+    def is_alive(self, worker_id: str) -> bool:
+        worker = self._workers.get(worker_id)
+        return worker is not None and worker.alive
+
+    def all(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def alive(self) -> Iterable[Worker]:
+        return (w for w in self._workers.values() if w.alive)
+
+    def num_free_blocks(self) -> int:
+        return sum(w.num_free_blocks for w in self.alive())

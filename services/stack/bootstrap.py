@@ -1,0 +1,16 @@
+"""The demo tenant and API key `tollgate up` hands out."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.admission.tenants import KeyRecord, TenantRepository
+
+DEMO_TENANT = "demo"
+
+
+async def demo_key(engine: AsyncEngine) -> KeyRecord:
+    """A new key of the demo tenant, creating the tenant on first use."""
+    tenants = TenantRepository(engine)
+    tenant = await tenants.find_by_name(DEMO_TENANT) or await tenants.create(DEMO_TENANT, 1)
+    return await tenants.create_key(tenant.tenant_id)

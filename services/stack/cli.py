@@ -1,0 +1,139 @@
+"""`tollgate up`: the whole stack on this machine, until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from services.core.db import create_engine
+from services.core.infra import LocalInfra
+from services.core.infra_process import InfraError
+from services.core.telemetry import configure_logging
+from services.stack.bootstrap import demo_key
+from services.stack.launcher import Services, StackConfig
+
+DEFAULT_DATA_DIR = Path(".tollgate/stack")
+STACK_FILE = "stack.json"
+DEMO_MODEL = "tiny"
+
+log = structlog.get_logger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    up = subparsers.add_parser("up", help="start PostgreSQL, the broker and the four services")
+    up.add_argument(
+        "--data-dir", type=Path, default=DEFAULT_DATA_DIR, help=f"default: {DEFAULT_DATA_DIR}"
+    )
+    up.add_argument(
+        "--model",
+        type=Path,
+        help="a Hugging Face model directory (default: a generated tiny model)",
+    )
+    up.add_argument(
+        "--model-name", default=None, help="the name clients use (default: the directory's name)"
+    )
+    up.add_argument(
+        "--kv-blocks", type=int, default=512, help="KV cache blocks of the worker (default: 512)"
+    )
+    up.add_argument(
+        "--port", type=int, default=50051, help="gateway port (default: 50051, 0 = any free port)"
+    )
+    up.set_defaults(func=up_command)
+
+
+def ensure_model(args: argparse.Namespace, data_dir: Path) -> tuple[str, Path]:
+    if args.model is not None:
+        return args.model_name or args.model.name, args.model.resolve()
+    model_dir = data_dir / "models" / DEMO_MODEL
+    if not (model_dir / "config.json").exists():
+        from engine.tiny import init_tiny_model
+
+        log.info("generating the tiny demo model", path=str(model_dir))
+        init_tiny_model(model_dir)
+    return args.model_name or DEMO_MODEL, model_dir.resolve()
+
+
+def up_command(args: argparse.Namespace) -> int:
+    configure_logging("stack")
+    stopping = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.set())
+    data_dir: Path = args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with LocalInfra(data_dir / "infra") as endpoints:
+            model_name, model_dir = ensure_model(args, data_dir)
+            api_key = asyncio.run(_demo_key(endpoints.database_url))
+            config = StackConfig(
+                database_url=endpoints.database_url,
+                kafka_bootstrap=endpoints.kafka_bootstrap,
+                model_name=model_name,
+                model_dir=model_dir,
+                admin_token=secrets.token_urlsafe(24),
+                num_kv_blocks=args.kv_blocks,
+                gateway_listen=f"127.0.0.1:{args.port}",
+            )
+            services = Services(config, data_dir / "logs")
+            try:
+                processes = services.start()
+                stack = {
+                    "gateway": processes["admission"].address,
+                    "admin_token": config.admin_token,
+                    "api_key": api_key,
+                    "database_url": config.database_url,
+                    "kafka_bootstrap": config.kafka_bootstrap,
+                    "model": model_name,
+                    "model_dir": str(model_dir),
+                    "services": {
+                        name: {
+                            "pid": p.pid,
+                            "address": p.address,
+                            "metrics": f"http://127.0.0.1:{p.metrics_port}/metrics",
+                        }
+                        for name, p in processes.items()
+                    },
+                }
+                path = write_stack_file(data_dir / STACK_FILE, stack)
+                print(json.dumps(redacted(stack), indent=2), flush=True)
+                print(f"stack file (with the admin token and API key): {path}", flush=True)
+                print("Ctrl-C stops the stack.", flush=True)
+                stopping.wait()
+            finally:
+                services.stop()
+                (data_dir / STACK_FILE).unlink(missing_ok=True)
+    except InfraError as exc:
+        log.error("stack failed", error=str(exc))
+        return 1
+    return 0
+
+
+async def _demo_key(database_url: str) -> str:
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        return (await demo_key(engine)).secret
+    finally:
+        await engine.dispose()
+
+
+def write_stack_file(path: Path, stack: dict[str, Any]) -> Path:
+    # Only the owner may read the secrets in it.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(stack, out, indent=2)
+        out.write("\n")
+    return path.resolve()
+
+
+def redacted(stack: dict[str, Any]) -> dict[str, Any]:
+    """The stack description without its secrets, for printing."""
+    hidden = {"admin_token": "<in stack.json>", "api_key": "<in stack.json>"}
+    return {**stack, **{k: v for k, v in hidden.items() if k in stack}}

@@ -1,0 +1,175 @@
+"""Starts the four service processes the way `tollgate up` runs them.
+
+Each service is `python -m services.<name>` configured by TOLLGATE_* variables;
+it listens on a free port and prints `READY <host:port>` once it serves.
+Logs go to `<data_dir>/logs/<service>.log`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from services.core.infra import free_port
+from services.core.infra_process import InfraError, die_with_parent
+
+log = structlog.get_logger(__name__)
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    database_url: str
+    kafka_bootstrap: str
+    model_name: str
+    model_dir: Path
+    admin_token: str
+    topic: str = "tollgate.run-events.v1"
+    num_kv_blocks: int = 512
+    disconnect_grace: float = 30.0
+    gateway_listen: str = "127.0.0.1:0"
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+class ServiceProcess:
+    """One service child process; it dies with the process that started it."""
+
+    def __init__(self, name: str, module: str, env: Mapping[str, str], log_path: Path) -> None:
+        self.name = name
+        self.module = module
+        self.env = dict(env)
+        self.log_path = log_path
+        self.address = ""
+        self.metrics_port = int(self.env.get("TOLLGATE_METRICS_PORT", "-1"))
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> None:
+        log.info(f"starting {self.name}", log=str(self.log_path))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", self.module],
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                process_group=0,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
+        """Waits for the READY line and returns the address it names."""
+        assert self.process is not None and self.process.stdout is not None
+        lines: queue.Queue[str] = queue.Queue()
+        stdout = self.process.stdout
+        threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+        try:
+            while True:
+                line = lines.get(timeout=timeout)
+                if line.startswith("READY "):
+                    self.address = line.split()[1]
+                    log.info(f"{self.name} ready", address=self.address, pid=self.pid)
+                    return self.address
+        except queue.Empty:
+            status = self.process.poll()
+            state = (
+                f"exited with status {status}"
+                if status is not None
+                else f"not ready after {timeout:.0f}s"
+            )
+            raise InfraError(
+                f"{self.name} {state}; see {self.log_path}\n{self.log_tail()}"
+            ) from None
+
+    def log_tail(self, num_lines: int = 15) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        log.info(f"stopping {self.name}", pid=process.pid)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning(f"{self.name} did not stop, killing it", pid=process.pid)
+            process.kill()
+            process.wait()
+
+
+class Services:
+    """worker → scheduler → admission, and the ledger, started in dependency order."""
+
+    def __init__(self, config: StackConfig, log_dir: Path) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.processes: dict[str, ServiceProcess] = {}
+
+    def common_env(self) -> dict[str, str]:
+        return {
+            "TOLLGATE_DATABASE_URL": self.config.database_url,
+            "TOLLGATE_KAFKA_BOOTSTRAP": self.config.kafka_bootstrap,
+            "TOLLGATE_TOPIC": self.config.topic,
+            "TOLLGATE_LISTEN": "127.0.0.1:0",
+            "TOLLGATE_ADMIN_TOKEN": self.config.admin_token,
+            "TOLLGATE_MODELS": f"{self.config.model_name}={self.config.model_dir}",
+            **self.config.extra_env,
+        }
+
+    def start(self) -> dict[str, ServiceProcess]:
+        try:
+            worker = self._start(
+                "worker",
+                {
+                    "TOLLGATE_WORKER_ID": "worker-1",
+                    "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks),
+                },
+            )
+            self._start("ledger", {})
+            scheduler = self._start("scheduler", {"TOLLGATE_WORKERS": f"worker-1={worker.address}"})
+            self._start(
+                "admission",
+                {
+                    "TOLLGATE_SCHEDULER_ADDRESS": scheduler.address,
+                    "TOLLGATE_LISTEN": self.config.gateway_listen,
+                    "TOLLGATE_DISCONNECT_GRACE": str(self.config.disconnect_grace),
+                },
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self.processes
+
+    def _start(self, name: str, env: Mapping[str, str]) -> ServiceProcess:
+        env = {**self.common_env(), "TOLLGATE_METRICS_PORT": str(free_port()), **env}
+        process = ServiceProcess(name, f"services.{name}", env, self.log_dir / f"{name}.log")
+        self.processes[name] = process
+        process.start()
+        process.wait_ready()
+        return process
+
+    def stop(self) -> None:
+        """Admission first, so no new work arrives while the rest drains."""
+        for name in ("admission", "scheduler", "worker", "ledger"):
+            if name in self.processes:
+                self.processes.pop(name).stop()

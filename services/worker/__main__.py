@@ -1,0 +1,5 @@
+import asyncio
+
+from services.worker.app import main
+
+asyncio.run(main())

@@ -1,0 +1,140 @@
+"""The worker process: `python -m services.worker`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from services.core.config import CommonSettings, ConfigError, env_int, env_map, env_str
+from services.core.db import create_engine
+from services.core.eventstore import EventStore
+from services.core.relay import OutboxRelay
+from services.core.server import create_server, serve, start_metrics
+from services.core.telemetry import configure_logging, configure_tracing
+from services.worker.appender import StepAppender
+from services.worker.core import WorkerCore
+from services.worker.runs import AssignedRun
+from services.worker.servicer import EngineServicer
+from tollgate.v1 import engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+SERVICES = ("tollgate.v1.EngineService",)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    common: CommonSettings
+    worker_id: str
+    model_name: str
+    model_dir: str
+    engine: EngineConfig
+    scheduler_address: str
+    drain_seconds: int
+
+    @classmethod
+    def from_env(cls) -> WorkerSettings:
+        models = env_map("TOLLGATE_MODELS")
+        if len(models) != 1:
+            raise ConfigError("TOLLGATE_MODELS must name exactly one model for a worker (name=dir)")
+        [(name, directory)] = models.items()
+        return cls(
+            common=CommonSettings.from_env("127.0.0.1:0"),
+            worker_id=env_str("TOLLGATE_WORKER_ID", "worker-1"),
+            model_name=name,
+            model_dir=directory,
+            engine=EngineConfig(
+                block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
+                num_kv_blocks=env_int("TOLLGATE_KV_BLOCKS", 512),
+                max_num_batched_tokens=env_int("TOLLGATE_MAX_BATCHED_TOKENS", 512),
+            ),
+            scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
+            drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
+        )
+
+
+async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> None:
+    """Registers with the scheduler and keeps telling it how much room is left."""
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(grpc.aio.insecure_channel(scheduler_address))
+    interval, registered = 1.0, False
+    while True:
+        try:
+            if not registered:
+                reply = await stub.RegisterWorker(
+                    scheduler_pb2.RegisterWorkerRequest(
+                        worker_id=core.worker_id, address=address, model=core.model
+                    ),
+                    timeout=2.0,
+                )
+                interval, registered = reply.heartbeat_interval_seconds or 1.0, True
+            status = core.status()
+            beat = await stub.Heartbeat(
+                scheduler_pb2.HeartbeatRequest(
+                    worker_id=core.worker_id,
+                    num_free_blocks=status.num_free_blocks,
+                    running_run_ids=status.running_run_ids,
+                ),
+                timeout=2.0,
+            )
+            registered = beat.known
+        except grpc.aio.AioRpcError as error:
+            log.warning("heartbeat failed", code=error.code().name)
+            registered = False
+        await asyncio.sleep(interval)
+
+
+async def drain(core: WorkerCore, seconds: int) -> None:
+    """Refuses new runs and gives running ones `seconds` to finish."""
+    core.draining = True
+    for _ in range(seconds * 10):
+        if not core.runs:
+            return
+        await asyncio.sleep(0.1)
+    log.warning("stopping with runs still in flight", run_ids=sorted(core.runs))
+
+
+async def main() -> None:
+    configure_logging("worker")
+    configure_tracing("worker")
+    settings = WorkerSettings.from_env()
+    db = create_engine(settings.common.database_url)
+    store = EventStore(db)
+    runs: dict[str, AssignedRun] = {}
+    appender = StepAppender(store, runs, lambda run_id: engine.abort(run_id))
+    llm = await asyncio.to_thread(LLMEngine.from_model_dir, settings.model_dir, settings.engine)
+    engine = AsyncEngine(llm, on_step=appender.on_step)
+    core = WorkerCore(settings.worker_id, settings.model_name, engine, store, runs)
+
+    def add_servicers(server: grpc.aio.Server) -> None:
+        engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core), server)
+
+    server, port, health = create_server(settings.common.listen, add_servicers)
+    host = settings.common.listen.rsplit(":", 1)[0]
+    address = f"{host}:{port}"
+    background = [
+        appender.run(),
+        OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
+    ]
+    if settings.scheduler_address:
+        background.append(heartbeat(core, settings.scheduler_address, address))
+    metrics_port = start_metrics(settings.common.metrics_port)
+    log.info("serving", address=address, metrics_port=metrics_port, model=settings.model_name)
+    print(f"READY {address}", flush=True)
+    try:
+        await serve(
+            server,
+            health,
+            SERVICES,
+            background,
+            grace=float(settings.drain_seconds),
+            before_stop=lambda: drain(core, settings.drain_seconds),
+        )
+    finally:
+        await engine.shutdown()
+        await db.dispose()

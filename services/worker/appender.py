@@ -1,0 +1,112 @@
+"""Appends what each engine step produced: one transaction for all runs in it.
+
+Steps that pile up while a transaction is in flight are appended together in
+the next one.  A run whose append is refused (its lease was taken over, or it
+was cancelled elsewhere) is dropped from the engine, and the others go ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import structlog
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from engine.outputs import RequestOutput
+from services.core.eventstore import Append, EventStore
+from services.core.runs import EventStoreError, NewEvent, RunState
+from services.worker.metrics import observe_finished
+from services.worker.runs import AssignedRun, step_events
+
+log = structlog.get_logger(__name__)
+
+
+class StepAppender:
+    def __init__(
+        self, store: EventStore, runs: dict[str, AssignedRun], abort: Callable[[str], None]
+    ) -> None:
+        self.store = store
+        self.runs = runs
+        self.abort = abort
+        self._steps: asyncio.Queue[Sequence[RequestOutput]] = asyncio.Queue()
+
+    def on_step(self, outputs: Sequence[RequestOutput]) -> None:
+        """Called on the event loop with each step's outputs."""
+        self._steps.put_nowait(outputs)
+
+    async def run(self) -> None:
+        while True:
+            steps = [await self._steps.get()]
+            while not self._steps.empty():
+                steps.append(self._steps.get_nowait())
+            outputs = [output for step in steps for output in step]
+            while True:
+                try:
+                    await self.append(outputs)
+                    break
+                except (OperationalError, InterfaceError) as error:
+                    # The database is away: keep the outputs and retry.
+                    log.error("step append failed, retrying", error=repr(error))
+                    await asyncio.sleep(0.5)
+                except Exception as error:
+                    log.exception("step append failed for good", error=repr(error))
+                    await self.fail_runs({o.request_id for o in outputs}, repr(error))
+                    break
+
+    async def append(self, outputs: Sequence[RequestOutput]) -> None:
+        pending = self._events_by_run(outputs)
+        while pending:
+            appends = [
+                Append(run_id, self.runs[run_id].last_seq, events, lease_epoch=self.runs[run_id].lease_epoch,
+                       traceparent=self.runs[run_id].traceparent)
+                for run_id, (events, _) in pending.items()
+            ]  # fmt: skip
+            try:
+                await self.store.append_batch(appends)
+            except EventStoreError as error:
+                run_id = getattr(error, "run_id", None)
+                if run_id not in pending:
+                    raise
+                log.warning("append refused, dropping run", run_id=run_id, error=str(error))
+                pending.pop(run_id)
+                self._drop(run_id)
+                continue
+            break
+        for run_id, (events, finished) in pending.items():
+            self.runs[run_id].last_seq += len(events)
+            if finished:
+                self.runs.pop(run_id, None)
+        for output in outputs:
+            if output.finished:
+                observe_finished(output)
+
+    def _events_by_run(
+        self, outputs: Sequence[RequestOutput]
+    ) -> dict[str, tuple[list[NewEvent], bool]]:
+        pending: dict[str, tuple[list[NewEvent], bool]] = {}
+        for output in outputs:
+            run = self.runs.get(output.request_id)
+            if run is None:
+                continue
+            events, finished = pending.get(output.request_id, ([], False))
+            events.extend(step_events(run, output))
+            pending[output.request_id] = (events, finished or output.finished)
+        return {run_id: value for run_id, value in pending.items() if value[0]}
+
+    async def fail_runs(self, run_ids: set[str], message: str) -> None:
+        """Ends runs whose events could not be stored: each gets `failed`, best effort."""
+        for run_id in run_ids:
+            run = self.runs.pop(run_id, None)
+            if run is None:
+                continue
+            self.abort(run_id)
+            failed = NewEvent(RunState.FAILED, {"code": "INTERNAL", "message": message[:500]})
+            try:
+                await self.store.append(run_id, run.last_seq, [failed], lease_epoch=run.lease_epoch)
+            except Exception as error:  # the scheduler's recovery ends it instead
+                log.error("could not fail run", run_id=run_id, error=repr(error))
+
+    def _drop(self, run_id: str) -> None:
+        if self.runs.pop(run_id, None) is not None:
+            self.abort(run_id)

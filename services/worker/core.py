@@ -1,0 +1,153 @@
+"""The worker's core: accept, cancel and report runs on one engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from engine.async_engine import AsyncEngine
+from engine.errors import RequestError
+from engine.sampling import Priority, SamplingParams
+from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
+from services.core.eventstore import EventStore
+from services.core.runs import EventStoreError, NewEvent, RunState
+from services.core.telemetry import context_from_traceparent, current_traceparent, get_tracer
+from services.worker.metrics import observe_pool
+from services.worker.runs import AssignedRun
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    run_id: str
+    tenant_id: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: Priority
+    lease_epoch: int
+    last_seq: int
+    cache_namespace: str
+    traceparent: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    worker_id: str
+    model: str
+    num_free_blocks: int
+    num_total_blocks: int
+    block_size: int
+    running_run_ids: list[str]
+    draining: bool
+
+
+class WorkerCore:
+    def __init__(
+        self,
+        worker_id: str,
+        model: str,
+        engine: AsyncEngine,
+        store: EventStore,
+        runs: dict[str, AssignedRun] | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.model = model
+        self.engine = engine
+        self.store = store
+        # Shared with the StepAppender, which removes runs as they end.
+        self.runs: dict[str, AssignedRun] = runs if runs is not None else {}
+        self.draining = False
+
+    async def assign(self, assignment: Assignment) -> None:
+        """Starts the run: appends `prefill` under its lease, then hands it to the engine."""
+        if assignment.run_id in self.runs:
+            return  # a retried AssignRun
+        if self.draining:
+            raise Unavailable("the worker is draining", retry_after=1.0)
+        if assignment.model != self.model:
+            raise FailedPrecondition(f"this worker serves {self.model!r}", "WRONG_MODEL")
+        needed = self.engine.engine.blocks_needed(
+            len(assignment.prompt_token_ids) + assignment.sampling.max_tokens
+        )
+        if needed > self.num_free_blocks:
+            raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
+        with get_tracer().start_as_current_span(
+            "tollgate.worker.assign", context=context_from_traceparent(assignment.traceparent)
+        ) as span:
+            span.set_attribute("tollgate.run_id", assignment.run_id)
+            span.set_attribute("gen_ai.request.max_tokens", assignment.sampling.max_tokens)
+            traceparent = current_traceparent()
+        # Held before the first await, so concurrent assignments cannot overbook.
+        self.runs[assignment.run_id] = AssignedRun(
+            run_id=assignment.run_id,
+            tenant_id=assignment.tenant_id,
+            lease_epoch=assignment.lease_epoch,
+            last_seq=assignment.last_seq + 1,
+            traceparent=traceparent,
+            num_reserved_blocks=needed,
+        )
+        prefill = NewEvent(
+            RunState.PREFILL, {"worker_id": self.worker_id, "lease_epoch": assignment.lease_epoch}
+        )
+        try:
+            await self.store.append(
+                assignment.run_id,
+                assignment.last_seq,
+                [prefill],
+                lease_epoch=assignment.lease_epoch,
+                traceparent=traceparent,
+            )
+        except EventStoreError as error:
+            del self.runs[assignment.run_id]
+            raise FailedPrecondition(
+                f"the run cannot start: {error}", "RUN_NOT_STARTABLE"
+            ) from None
+        try:
+            self.engine.add_request(
+                assignment.run_id,
+                assignment.prompt_token_ids,
+                assignment.sampling,
+                cache_namespace=assignment.cache_namespace,
+                priority=assignment.priority,
+            )
+        except RequestError as error:
+            await self._fail(self.runs.pop(assignment.run_id), str(error))
+            return
+        log.info("run assigned", run_id=assignment.run_id, tenant_id=assignment.tenant_id)
+
+    async def _fail(self, run: AssignedRun, message: str) -> None:
+        failed = NewEvent(
+            RunState.FAILED, {"code": "ENGINE_REJECTED", "message": message, "usage": {}}
+        )
+        await self.store.append(run.run_id, run.last_seq, [failed], lease_epoch=run.lease_epoch)
+
+    def cancel(self, run_id: str, reason: str) -> bool:
+        """Aborts the run in the engine; its `cancelled` event follows with the next step."""
+        run = self.runs.get(run_id)
+        if run is None:
+            return False
+        run.cancel_reason = reason or "cancelled"
+        self.engine.abort(run_id)
+        return True
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not promised to a running run: each may grow to its full length."""
+        reserved = sum(run.num_reserved_blocks for run in self.runs.values())
+        return self.engine.engine.num_total_blocks - reserved
+
+    def status(self) -> Status:
+        engine = self.engine.engine
+        observe_pool(engine.num_free_blocks, engine.num_total_blocks, self.num_free_blocks)
+        return Status(
+            worker_id=self.worker_id,
+            model=self.model,
+            num_free_blocks=self.num_free_blocks,
+            num_total_blocks=engine.num_total_blocks,
+            block_size=engine.config.block_size,
+            running_run_ids=sorted(self.runs),
+            draining=self.draining,
+        )

@@ -1,0 +1,82 @@
+"""The four services as real processes, started as `tollgate up` starts them."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.core.infra import (
+    Endpoints,
+    create_database_from_template,
+    drop_database,
+    ensure_topics,
+)
+from services.stack.launcher import Services, StackConfig
+from tollgate import AdminClient, Client
+
+ADMIN_TOKEN = "e2e-admin-token"
+NUM_KV_BLOCKS = 160
+
+
+@dataclass
+class Stack:
+    gateway: str
+    ledger: str
+    worker: str
+    database_url: str
+    admin: AdminClient
+    metrics: dict[str, int]
+
+    def tenant_key(self, name: str) -> str:
+        tenant = self.admin.create_tenant(f"{name}-{uuid.uuid4().hex[:6]}")
+        return self.admin.create_api_key(tenant.tenant_id).secret
+
+    def client(self, key: str, address: str | None = None) -> Client:
+        return Client(address or self.gateway, key, ledger_address=self.ledger)
+
+    def tenant_client(self, name: str) -> Client:
+        return self.client(self.tenant_key(name))
+
+
+@pytest.fixture(scope="package")
+def stack(infra: Endpoints, template_database: str, tiny_model_dir: Path) -> Iterator[Stack]:
+    name = f"e2e_{uuid.uuid4().hex}"
+    database_url = create_database_from_template(infra.database_url, template_database, name)
+    topic = f"e2e-{uuid.uuid4()}"
+    ensure_topics(infra.kafka_bootstrap, [topic], 4)
+    config = StackConfig(
+        database_url=database_url,
+        kafka_bootstrap=infra.kafka_bootstrap,
+        model_name="tiny",
+        model_dir=tiny_model_dir,
+        admin_token=ADMIN_TOKEN,
+        topic=topic,
+        num_kv_blocks=NUM_KV_BLOCKS,
+        extra_env={"TOLLGATE_LEDGER_SWEEP_GRACE": "3", "TOLLGATE_MAX_TOKENS": "4096"},
+    )
+    # TOLLGATE_E2E_LOGS keeps the services' logs for a look after the run.
+    with tempfile.TemporaryDirectory(prefix="tollgate-e2e-") as scratch:
+        logs = Path(os.environ.get("TOLLGATE_E2E_LOGS", scratch))
+        services = Services(config, logs)
+        processes = services.start()
+        admin = AdminClient(
+            processes["admission"].address, ADMIN_TOKEN, ledger_address=processes["ledger"].address
+        )
+        try:
+            yield Stack(
+                gateway=processes["admission"].address,
+                ledger=processes["ledger"].address,
+                worker=processes["worker"].address,
+                database_url=database_url,
+                admin=admin,
+                metrics={name: p.metrics_port for name, p in processes.items()},
+            )
+        finally:
+            services.stop()
+            drop_database(infra.database_url, name)

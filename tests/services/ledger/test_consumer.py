@@ -1,0 +1,97 @@
+import asyncio
+import contextlib
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.eventstore import EventStore
+from services.core.relay import OutboxRelay
+from services.core.runs import RunState
+from services.ledger.consumer import LEDGER_GROUP, LedgerConsumer
+from services.ledger.pricing import PriceTable
+from tests.services.core.kafka_tools import read_topic, wait_for
+from tests.services.ledger.runs import entry_count, open_reservations, terminal_run
+
+
+class KilledBeforeOffsetCommit(LedgerConsumer):
+    """Dies after its billing transaction commits, before the offset commit."""
+
+    async def commit_offsets(self, consumer, offsets):  # type: ignore[no-untyped-def]
+        raise RuntimeError("killed between billing and offset commit")
+
+
+async def publish_terminal_runs(
+    store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int
+) -> list[str]:
+    run_ids = [await terminal_run(store) for _ in range(n)]
+    relay = OutboxRelay(engine, bootstrap, topic=topic)
+    task = asyncio.create_task(relay.run())
+    await read_topic(bootstrap, topic, min_records=4 * n)  # queued, prefill, streaming, completed
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return run_ids
+
+
+async def num_billed(store: EventStore, run_ids: list[str]) -> int:
+    views = [await store.get_run(r) for r in run_ids]
+    return sum(1 for v in views if v is not None and v.state == RunState.BILLED)
+
+
+async def consume(consumer: LedgerConsumer, until) -> None:  # type: ignore[no-untyped-def]
+    task = asyncio.create_task(consumer.run())
+    try:
+
+        async def done() -> bool:
+            return task.done() or await until()
+
+        await wait_for(done, timeout=30)
+        await asyncio.sleep(0.5)  # let redeliveries, if any, be processed too
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+            await task
+
+
+async def committed_offsets(bootstrap: str, topic: str) -> list[int | None]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=LEDGER_GROUP, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        return [await consumer.committed(TopicPartition(topic, p)) for p in parts]
+    finally:
+        await consumer.stop()
+
+
+async def test_a_consumer_killed_before_its_offset_commit_does_not_bill_twice(
+    store: EventStore,
+    engine: AsyncEngine,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    prices: PriceTable,
+) -> None:
+    run_ids = await publish_terminal_runs(store, engine, kafka_bootstrap, kafka_topic, 6)
+
+    killed = KilledBeforeOffsetCommit(
+        engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000
+    )
+    await consume(killed, lambda: asyncio.sleep(0, False))
+    first = await num_billed(store, run_ids)
+    assert first >= 1
+    assert not any(await committed_offsets(kafka_bootstrap, kafka_topic))
+
+    consumer = LedgerConsumer(
+        engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000
+    )
+
+    async def all_billed() -> bool:
+        return await num_billed(store, run_ids) == len(run_ids)
+
+    await consume(consumer, all_billed)
+    assert await num_billed(store, run_ids) == len(run_ids)
+    for run_id in run_ids:
+        kinds = [e.kind for e in await store.read(run_id)]
+        assert kinds[-1] == RunState.BILLED and kinds.count(RunState.BILLED) == 1
+    assert await entry_count(engine) == 3 * len(run_ids)
+    assert await open_reservations(engine) == 0

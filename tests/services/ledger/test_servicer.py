@@ -1,0 +1,248 @@
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from google.protobuf import timestamp_pb2
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.config import CommonSettings
+from services.core.errors import status_details
+from services.core.eventstore import EventStore
+from services.core.schema import kv_reservations, ledger_entries
+from services.ledger.main import LedgerSettings, create_ledger_server
+from services.ledger.pricing import PriceTable
+from services.ledger.sweep import Sweeper
+from tests.services.ledger.runs import age_runs, create_tenant, terminal_run, usage
+from tollgate.v1 import ledger_pb2, ledger_pb2_grpc
+
+ADMIN = "admin-secret-token"
+
+
+@dataclass
+class Ledger:
+    stub: ledger_pb2_grpc.LedgerServiceStub
+    store: EventStore
+    engine: AsyncEngine
+    prices: PriceTable
+
+    async def billed_run(self, tenant_id: str, **kwargs) -> str:  # type: ignore[no-untyped-def]
+        run_id = await terminal_run(self.store, tenant_id, **kwargs)
+        assert await Sweeper(self.engine, self.prices, grace=0).bill_one(run_id)
+        return run_id
+
+
+@pytest.fixture
+async def ledger(
+    engine: AsyncEngine, store: EventStore, prices: PriceTable
+) -> AsyncIterator[Ledger]:
+    settings = LedgerSettings(
+        common=CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0", -1),
+        admin_token=ADMIN,
+        prices=prices,
+        sweep_interval=5,
+        sweep_grace=10,
+    )
+    server, port, _ = create_ledger_server(engine, settings)
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield Ledger(ledger_pb2_grpc.LedgerServiceStub(channel), store, engine, prices)
+    await server.stop(None)
+
+
+def auth(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+async def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code()
+
+
+async def test_every_rpc_needs_a_valid_key(ledger: Ledger) -> None:
+    stub = ledger.stub
+    for call in (
+        stub.GetUsage(ledger_pb2.GetUsageRequest()),
+        stub.ListLedgerEntries(ledger_pb2.ListLedgerEntriesRequest()),
+        stub.GetReconciliation(ledger_pb2.GetReconciliationRequest()),
+        stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth("tg_0123456789abcdef_nope")),
+        stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth("not-the-admin-token")),
+    ):
+        assert await code_of(call) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_usage_per_tenant_and_period(ledger: Ledger) -> None:
+    tenant_a, key_a = await create_tenant(ledger.engine)
+    tenant_b, key_b = await create_tenant(ledger.engine)
+    await ledger.billed_run(tenant_a, run_usage=usage(prompt=10, cached=4, output=5))
+    await ledger.billed_run(tenant_a, run_usage=usage(prompt=1, cached=0, output=1))
+    await ledger.billed_run(tenant_b, run_usage=usage(prompt=100, cached=0, output=0))
+
+    mine = await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(key_a))
+    assert (mine.tenant_id, mine.num_runs, mine.currency) == (tenant_a, 2, "USD")
+    assert [(x.billing_type, x.quantity, x.amount_micros) for x in mine.lines] == [
+        ("input_tokens", 7, 14),
+        ("cached_input_tokens", 4, 4),
+        ("output_tokens", 6, 48),
+    ]
+    assert mine.amount_micros == 66
+
+    later = timestamp_pb2.Timestamp()
+    later.GetCurrentTime()
+    empty = await ledger.stub.GetUsage(
+        ledger_pb2.GetUsageRequest(start_time=later), metadata=auth(key_a)
+    )
+    assert empty.num_runs == 0 and empty.amount_micros == 0 and len(empty.lines) == 3
+    until_now = await ledger.stub.GetUsage(
+        ledger_pb2.GetUsageRequest(end_time=later), metadata=auth(key_a)
+    )
+    assert until_now.amount_micros == 66
+
+    other = ledger_pb2.GetUsageRequest(tenant_id=tenant_b)
+    assert await code_of(ledger.stub.GetUsage(other, metadata=auth(key_a))) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    theirs = await ledger.stub.GetUsage(other, metadata=auth(ADMIN))
+    assert (theirs.num_runs, theirs.amount_micros) == (1, 200)
+    everyone = await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(ADMIN))
+    assert (everyone.tenant_id, everyone.num_runs, everyone.amount_micros) == ("", 3, 266)
+
+
+async def list_all(ledger: Ledger, token: str, **filters: str) -> tuple[list[str], int]:
+    """Every entry id, page by page of 4; returns them and the number of pages."""
+    ids: list[str] = []
+    page_token, pages = "", 0
+    while True:
+        request = ledger_pb2.ListLedgerEntriesRequest(page_size=4, page_token=page_token, **filters)
+        page = await ledger.stub.ListLedgerEntries(request, metadata=auth(token))
+        pages += 1
+        assert len(page.entries) <= 4
+        ids.extend(entry.entry_id for entry in page.entries)
+        page_token = page.next_page_token
+        if not page_token:
+            return ids, pages
+
+
+async def test_entries_page_through_without_gaps_or_duplicates(ledger: Ledger) -> None:
+    tenant_a, key_a = await create_tenant(ledger.engine)
+    tenant_b, key_b = await create_tenant(ledger.engine)
+    runs_a = [await ledger.billed_run(tenant_a) for _ in range(5)]
+    run_b = await ledger.billed_run(tenant_b)
+
+    ids, pages = await list_all(ledger, key_a)
+    assert len(ids) == len(set(ids)) == 15 and pages == 4
+    assert set(ids) == {
+        f"{r}:{t}" for r in runs_a for t in ("input_tokens", "cached_input_tokens", "output_tokens")
+    }
+    all_ids, _ = await list_all(ledger, ADMIN)
+    assert len(all_ids) == len(set(all_ids)) == 18
+    one_run, _ = await list_all(ledger, key_a, run_id=runs_a[2])
+    assert sorted(one_run) == sorted(i for i in ids if i.startswith(runs_a[2]))
+
+    first = await ledger.stub.ListLedgerEntries(
+        ledger_pb2.ListLedgerEntriesRequest(run_id=runs_a[0]), metadata=auth(key_a)
+    )
+    entry = first.entries[0]
+    assert entry.tenant_id == tenant_a and entry.HasField("create_time")
+    assert entry.amount_micros == entry.quantity * entry.unit_price_micros
+
+    hidden = ledger_pb2.ListLedgerEntriesRequest(run_id=run_b)
+    assert await code_of(ledger.stub.ListLedgerEntries(hidden, metadata=auth(key_a))) == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    foreign = ledger_pb2.ListLedgerEntriesRequest(tenant_id=tenant_b)
+    assert await code_of(ledger.stub.ListLedgerEntries(foreign, metadata=auth(key_a))) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "field"),
+    [({"page_token": "garbage!"}, "page_token"), ({"page_size": -1}, "page_size")],
+)
+async def test_malformed_paging_is_an_invalid_argument_naming_the_field(
+    ledger: Ledger, request_fields: dict[str, object], field: str
+) -> None:
+    _, key = await create_tenant(ledger.engine)
+    request = ledger_pb2.ListLedgerEntriesRequest(**request_fields)  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await ledger.stub.ListLedgerEntries(request, metadata=auth(key))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [bad_request] = status_details(info.value)
+    assert [v.field for v in bad_request.field_violations] == [field]
+
+
+async def test_a_page_token_is_bound_to_its_filters(ledger: Ledger) -> None:
+    tenant, key = await create_tenant(ledger.engine)
+    run_id = await ledger.billed_run(tenant)
+    page = await ledger.stub.ListLedgerEntries(
+        ledger_pb2.ListLedgerEntriesRequest(page_size=1), metadata=auth(key)
+    )
+    reused = ledger_pb2.ListLedgerEntriesRequest(
+        page_size=1, page_token=page.next_page_token, run_id=run_id
+    )
+    assert await code_of(ledger.stub.ListLedgerEntries(reused, metadata=auth(key))) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+async def test_reconciliation_reports_what_the_ledger_owes(ledger: Ledger) -> None:
+    tenant_a, key_a = await create_tenant(ledger.engine)
+    tenant_b, key_b = await create_tenant(ledger.engine)
+    healthy = await ledger.billed_run(tenant_a)
+    await ledger.billed_run(tenant_b)
+    report = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(ADMIN)
+    )
+    assert report.ok and not report.unbilled_run_ids
+
+    unbilled = await terminal_run(ledger.store, tenant_a)
+    await age_runs(ledger.engine, 60)
+    unreleased = await ledger.billed_run(tenant_a)
+    mismatched = await ledger.billed_run(tenant_a)
+    async with ledger.engine.begin() as conn:
+        await conn.execute(
+            kv_reservations.update()
+            .where(kv_reservations.c.run_id == unreleased)
+            .values(released_at=None)
+        )
+        await conn.execute(
+            ledger_entries.update()
+            .where(ledger_entries.c.run_id == mismatched)
+            .values(amount_micros=ledger_entries.c.amount_micros + 1)
+        )
+    report = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(ADMIN)
+    )
+    assert not report.ok
+    assert list(report.unbilled_run_ids) == [unbilled]
+    assert list(report.unreleased_run_ids) == [unreleased]
+    assert list(report.mismatched_run_ids) == [mismatched]
+    assert healthy not in [*report.unreleased_run_ids, *report.mismatched_run_ids]
+
+    mine = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(key_a)
+    )
+    assert not mine.ok and list(mine.unbilled_run_ids) == [unbilled]
+    theirs = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(key_b)
+    )
+    assert theirs.ok
+
+
+async def test_a_missing_entry_is_a_mismatch(ledger: Ledger) -> None:
+    tenant, _ = await create_tenant(ledger.engine)
+    run_id = await ledger.billed_run(tenant, run_usage=usage(prompt=0, cached=0, output=0))
+    async with ledger.engine.begin() as conn:
+        await conn.execute(
+            sa.delete(ledger_entries).where(
+                ledger_entries.c.run_id == run_id,
+                ledger_entries.c.billing_type == "output_tokens",
+            )
+        )
+    report = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(ADMIN)
+    )
+    assert list(report.mismatched_run_ids) == [run_id]

@@ -1,0 +1,95 @@
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.config import CommonSettings
+from services.core.db import create_engine
+from services.core.eventstore import EventStore
+from services.scheduler.app import SchedulerApp, create_server
+from services.scheduler.config import SchedulerSettings
+from tests.services.scheduler.fakes import FakeWorker
+from tollgate.v1 import scheduler_pb2_grpc
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url, pool_size=20)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def store(engine: AsyncEngine) -> EventStore:
+    return EventStore(engine)
+
+
+@dataclass
+class RunningScheduler:
+    app: SchedulerApp
+    stub: scheduler_pb2_grpc.SchedulerServiceStub
+    address: str
+
+
+StartScheduler = Callable[..., Awaitable[RunningScheduler]]
+
+
+@pytest.fixture
+async def start_scheduler(
+    engine: AsyncEngine, database_url: str, kafka_bootstrap: str, kafka_topic: str
+) -> AsyncIterator[StartScheduler]:
+    """Starts an in-process scheduler with fast timings; stopped after the test."""
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+
+    async def start(workers: Mapping[str, str] | None = None, **overrides: Any) -> RunningScheduler:
+        common = CommonSettings(database_url, kafka_bootstrap, kafka_topic, "127.0.0.1:0", -1)
+        options: dict[str, Any] = {
+            "rescan_seconds": 0.3,
+            "worker_timeout": 1.5,
+            "heartbeat_interval": 0.2,
+            "kafka_session_timeout_ms": 2000,
+            **overrides,
+        }
+        settings = SchedulerSettings(common=common, workers=dict(workers or {}), **options)
+        app = SchedulerApp(settings, engine)
+        server, port, _ = create_server(settings.common.listen, app)
+        await server.start()
+        tasks = [asyncio.create_task(job) for job in app.background()]
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+        async def stop() -> None:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await channel.close()
+            await server.stop(0)
+            await app.close()
+
+        cleanups.append(stop)
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        return RunningScheduler(app, stub, f"127.0.0.1:{port}")
+
+    yield start
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+@pytest.fixture
+async def fake_workers() -> AsyncIterator[Callable[..., Awaitable[FakeWorker]]]:
+    started: list[FakeWorker] = []
+
+    async def make(worker_id: str, **kwargs: Any) -> FakeWorker:
+        worker = FakeWorker(worker_id, **kwargs)
+        await worker.start()
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        with contextlib.suppress(Exception):
+            await worker.stop()

@@ -1,0 +1,67 @@
+"""Builders and waits shared by the scheduler tests."""
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.eventstore import EventStore
+from services.core.runs import NewEvent, NewRun, RunState
+from services.core.schema import tenants
+from tests.services.scheduler.fakes import BLOCK_SIZE
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def add_tenant(engine: AsyncEngine, tenant_id: str, weight: int = 1) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            sa.insert(tenants).values(tenant_id=tenant_id, name=tenant_id, weight=weight)
+        )
+
+
+async def queue_run(
+    store: EventStore,
+    tenant_id: str = "t1",
+    *,
+    priority: str = "interactive",
+    max_tokens: int = 13,
+    prompt: tuple[int, ...] = (1, 2, 3),
+) -> str:
+    """Appends a `queued` event as admission does; returns the run id."""
+    run_id = str(uuid.uuid4())
+    payload = {
+        "model": "tiny",
+        "priority": f"PRIORITY_{priority.upper()}",
+        "sampling": {"temperature": 0.0, "max_tokens": max_tokens},
+        "prompt_token_ids": list(prompt),
+        "idempotency_key": f"run:{run_id}",
+        "kv_blocks_reserved": -(-(len(prompt) + max_tokens) // BLOCK_SIZE),
+    }
+    await store.append(
+        run_id,
+        0,
+        [NewEvent(RunState.QUEUED, payload)],
+        new_run=NewRun(tenant_id, "tiny", priority, f"run:{run_id}"),
+        traceparent=TRACEPARENT,
+    )
+    return run_id
+
+
+async def wait_for(
+    predicate: Callable[[], Any], timeout: float = 15, interval: float = 0.05
+) -> Any:
+    """Polls `predicate` (sync or async) until it returns something truthy; returns that."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(interval)

@@ -1,0 +1,71 @@
+"""Intake from Kafka and fairness across tenants of different weights."""
+
+from collections import Counter
+
+from prometheus_client import REGISTRY
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.core.eventstore import EventStore
+from services.core.runs import NewEvent, RunState
+from tests.services.scheduler.helpers import add_tenant, queue_run, wait_for
+from tollgate.v1 import scheduler_pb2
+
+
+async def _stats(scheduler) -> scheduler_pb2.QueueStats:  # type: ignore[no-untyped-def]
+    return await scheduler.stub.GetQueueStats(scheduler_pb2.GetQueueStatsRequest())
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_kafka_events_drive_intake_and_end_assignments_between_rescans(
+    store: EventStore, start_scheduler, fake_workers
+) -> None:
+    worker = await fake_workers("w1", free_blocks=1)
+    scheduler = await start_scheduler({"w1": worker.address}, rescan_seconds=60)
+    await wait_for(scheduler.app.trigger.ready.is_set)
+    await wait_for(scheduler.app.relay.is_leader.is_set)
+    dispatched = _sample("tollgate_scheduler_dispatches_total", outcome="assigned")
+    waited = _sample("tollgate_scheduler_queue_seconds_count")
+
+    first = await queue_run(store)
+    await wait_for(lambda: worker.assignment(first), timeout=10)
+    assert _sample("tollgate_scheduler_dispatches_total", outcome="assigned") == dispatched + 1
+    assert _sample("tollgate_scheduler_queue_seconds_count") == waited + 1
+
+    # No room left: the next run waits, until a cancel through admission ends it.
+    second = await queue_run(store)
+    await wait_for(lambda: _depth_is(scheduler, 1), timeout=10)
+    assert _sample("tollgate_scheduler_queue_depth", queue_class="interactive") == 1
+    await store.append(second, 1, [NewEvent(RunState.CANCELLED, {"reason": "client"})])
+    await wait_for(lambda: _depth_is(scheduler, 0), timeout=10)
+
+    await store.append(first, 1, [NewEvent(RunState.PREFILL, {})])
+    await store.append(first, 2, [NewEvent(RunState.FAILED, {"code": "ENGINE"})])
+    await wait_for(lambda: _running_is(scheduler, 0), timeout=10)
+
+
+async def _depth_is(scheduler, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await _stats(scheduler)).num_interactive == expected
+
+
+async def _running_is(scheduler, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await _stats(scheduler)).num_running == expected
+
+
+async def test_a_tenant_of_weight_two_gets_twice_the_dispatches(
+    engine: AsyncEngine, store: EventStore, start_scheduler, fake_workers
+) -> None:
+    await add_tenant(engine, "heavy", weight=2)
+    await add_tenant(engine, "light", weight=1)
+    worker = await fake_workers("w1", free_blocks=0)
+    scheduler = await start_scheduler({"w1": worker.address})
+    for _ in range(6):
+        await queue_run(store, "heavy")
+        await queue_run(store, "light")
+    await wait_for(lambda: _depth_is(scheduler, 12))
+
+    worker.free_blocks = 6  # one block per run
+    await wait_for(lambda: len(worker.assigned) == 6)
+    assert Counter(r.tenant_id for r in worker.assigned) == {"heavy": 4, "light": 2}

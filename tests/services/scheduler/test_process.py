@@ -1,0 +1,61 @@
+"""`python -m services.scheduler` as the launcher runs it."""
+
+import asyncio
+import os
+import signal
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.core.eventstore import EventStore
+from tests.services.scheduler.helpers import queue_run, wait_for
+from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+async def test_the_process_announces_itself_dispatches_and_stops_on_sigterm(
+    database_url: str, kafka_bootstrap: str, kafka_topic: str, store: EventStore, fake_workers
+) -> None:
+    worker = await fake_workers("w1")
+    env = {
+        **os.environ,
+        "TOLLGATE_DATABASE_URL": database_url,
+        "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "TOLLGATE_TOPIC": kafka_topic,
+        "TOLLGATE_LISTEN": "127.0.0.1:0",
+        "TOLLGATE_WORKERS": f"w1={worker.address}",
+        "TOLLGATE_SCHEDULER_RESCAN": "0.3",
+        "TOLLGATE_HEARTBEAT_INTERVAL": "0.2",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.scheduler",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        assert line.startswith("READY 127.0.0.1:")
+        address = line.split()[1]
+        async with grpc.aio.insecure_channel(address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(
+                health_pb2.HealthCheckRequest(service="tollgate.v1.SchedulerService")
+            )
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            run_id = await queue_run(store)
+            await wait_for(lambda: worker.assignment(run_id))
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            stats = await stub.GetQueueStats(scheduler_pb2.GetQueueStatsRequest())
+            assert (stats.num_running, stats.num_workers) == (1, 1)
+
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert await process.stdout.read() == b""  # READY is the only line
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

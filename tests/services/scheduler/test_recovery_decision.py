@@ -1,0 +1,59 @@
+from datetime import UTC, datetime
+from typing import Any
+
+from services.core.runs import RunState, StoredEvent
+from services.scheduler.recovery import lost_worker_event
+
+QUEUED = {
+    "model": "tiny",
+    "priority": "PRIORITY_INTERACTIVE",
+    "sampling": {"max_tokens": 8},
+    "prompt_token_ids": [1, 2, 3],
+    "idempotency_key": "k",
+    "kv_blocks_reserved": 1,
+}
+
+
+def events(*kinds_payloads: tuple[RunState, dict[str, Any]]) -> list[StoredEvent]:
+    now = datetime.now(UTC)
+    return [
+        StoredEvent("r", seq, kind, "t", payload, now)
+        for seq, (kind, payload) in enumerate(kinds_payloads, start=1)
+    ]
+
+
+def test_a_run_that_only_started_prefill_is_requeued_with_its_payload() -> None:
+    event = lost_worker_event(
+        events((RunState.QUEUED, QUEUED), (RunState.PREFILL, {"worker_id": "w"})), "w"
+    )
+    assert event is not None and event.kind == RunState.QUEUED
+    assert event.payload == {**QUEUED, "requeue_reason": "WORKER_LOST"}
+
+
+def test_a_run_that_streamed_fails_with_the_usage_delivered() -> None:
+    event = lost_worker_event(
+        events(
+            (RunState.QUEUED, QUEUED),
+            (RunState.PREFILL, {"worker_id": "w", "cached_prompt_tokens": "2"}),
+            (RunState.STREAMING, {"token_ids": [5, 6], "text": "ab"}),
+            (RunState.STREAMING, {"token_ids": [7], "text": "c"}),
+        ),
+        "w",
+    )
+    assert event is not None and event.kind == RunState.FAILED
+    assert event.payload["code"] == "WORKER_LOST"
+    assert event.payload["usage"] == {
+        "prompt_tokens": 3,
+        "cached_prompt_tokens": 2,
+        "output_tokens": 3,
+    }
+
+
+def test_queued_and_ended_runs_need_no_event() -> None:
+    assert lost_worker_event(events((RunState.QUEUED, QUEUED)), "w") is None
+    done = events(
+        (RunState.QUEUED, QUEUED),
+        (RunState.PREFILL, {}),
+        (RunState.COMPLETED, {"finish_reason": "length"}),
+    )
+    assert lost_worker_event(done, "w") is None

@@ -1,0 +1,63 @@
+from services.scheduler.workers import WorkerRegistry, WorkerReport
+
+
+def report(free: int, total: int | None = None, model: str | None = "tiny") -> WorkerReport:
+    return WorkerReport(num_free_blocks=free, num_total_blocks=total, model=model)
+
+
+def test_a_static_worker_is_dispatchable_once_it_answers() -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "127.0.0.1:1")
+    assert registry.choose(1, "tiny") is None
+    registry.observe("w1", report(10), now=0)
+    chosen = registry.choose(4, "tiny")
+    assert chosen is not None and chosen.worker_id == "w1"
+
+
+def test_choose_prefers_the_most_free_blocks_and_respects_model_and_room() -> None:
+    registry = WorkerRegistry()
+    for worker_id, free in (("w1", 4), ("w2", 9)):
+        registry.register(worker_id, f"h:{free}", "tiny", now=0)
+        registry.heartbeat(worker_id, report(free, model=None), now=0)
+    registry.register("other", "h:0", "big", now=0)
+    registry.heartbeat("other", report(100, model=None), now=0)
+    assert registry.choose(5, "tiny").worker_id == "w2"  # type: ignore[union-attr]
+    assert registry.choose(10, "tiny") is None
+    registry.reserve("w2", 6)
+    assert registry.choose(4, "tiny").worker_id == "w1"  # type: ignore[union-attr]
+
+
+def test_suspect_and_full_workers_are_skipped_until_heard_from() -> None:
+    registry = WorkerRegistry()
+    registry.register("w1", "h:1", "tiny", now=0)
+    registry.heartbeat("w1", report(10), now=0)
+    registry.mark_suspect("w1")
+    assert registry.choose(1, "tiny") is None
+    registry.heartbeat("w1", report(10), now=1)
+    registry.mark_full("w1", 8)
+    assert registry.choose(8, "tiny") is None
+    assert registry.choose(7, "tiny") is not None
+
+
+def test_silent_workers_expire_registered_ones_are_forgotten() -> None:
+    registry = WorkerRegistry()
+    registry.add_static("static", "h:1")
+    registry.observe("static", report(10), now=0)
+    registry.register("dynamic", "h:2", "tiny", now=0)
+    registry.heartbeat("dynamic", report(10), now=3)
+    assert registry.expire(now=5.5, timeout=5) == ["static"]
+    assert sorted(registry.expire(now=8.5, timeout=5)) == ["dynamic"]
+    assert registry.get("static") is not None and not registry.is_alive("static")
+    assert registry.get("dynamic") is None
+    assert not registry.heartbeat("dynamic", report(10), now=9)
+    assert registry.heartbeat("static", report(10), now=9)
+
+
+def test_may_ever_fit_compares_with_the_largest_live_worker() -> None:
+    registry = WorkerRegistry()
+    assert not registry.may_ever_fit(1, "tiny")
+    registry.register("w1", "h:1", "tiny", now=0)
+    registry.observe("w1", report(2, total=64), now=0)
+    assert registry.may_ever_fit(64, "tiny")
+    assert not registry.may_ever_fit(65, "tiny")
+    assert not registry.may_ever_fit(1, "other-model")

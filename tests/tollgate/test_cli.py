@@ -1,0 +1,211 @@
+"""The client commands of `tollgate` against the fake server: parsing, output, exit status."""
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from services.core.errors import FieldViolation, InvalidArgument
+from tests.tollgate.fake_gateway import FakeServer
+from tollgate.cli import main
+from tollgate.commands.connection import resolve
+from tollgate.commands.output import money
+
+API_KEY = "tg_live_secret_key"
+ADMIN_TOKEN = "admin_secret_token"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("GATEWAY", "API_KEY", "LEDGER", "ADMIN_TOKEN", "KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(f"TOLLGATE_{name}", raising=False)
+    # No stack file of a developer's own is read by accident.
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def stack(fake: FakeServer, tmp_path: Path) -> Path:
+    path = tmp_path / "stack.json"
+    data = {
+        "gateway": fake.address,
+        "admin_token": ADMIN_TOKEN,
+        "api_key": API_KEY,
+        "database_url": "postgresql+psycopg://x",
+        "kafka_bootstrap": "127.0.0.1:1",
+        "model": "tiny-from-stack",
+        "services": {"ledger": {"pid": 1, "address": fake.address}},
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+async def tollgate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = await asyncio.to_thread(main, list(argv))
+    except SystemExit as exit_:  # argparse's answer to a bad command line
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def stack_args(stack: Path) -> Sequence[str]:
+    return ("--stack", str(stack))
+
+
+async def test_generate_streams_text_with_the_stack_settings(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = await tollgate(
+        capsys, "generate", "Hi there", *stack_args(stack), "--max-tokens", "5",
+        "--temperature", "0", "--stop", "x", "--stop", "y", "--priority", "batch",
+    )  # fmt: skip
+    assert (code, out, err) == (0, "Hello, world\n", "")
+    [(_, request, metadata)] = fake.gateway.calls
+    assert metadata["authorization"] == f"Bearer {API_KEY}"
+    assert (request.model, request.prompt) == ("tiny-from-stack", "Hi there")
+    assert request.sampling.max_tokens == 5 and request.sampling.HasField("temperature")
+    assert list(request.sampling.stop) == ["x", "y"]
+    assert request.priority == 2 and request.until_terminal
+
+
+async def test_generate_json_prints_one_object_per_event_until_billed(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = await tollgate(capsys, "generate", "Hi", *stack_args(stack), "--json")
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, 10))
+    assert events[0]["kind"] == "queued" and events[0]["model"] == "tiny"
+    assert events[2] == {**events[2], "kind": "streaming", "text": "Hel", "token_ids": [10]}
+    assert "text" not in events[0]
+    assert events[-1]["kind"] == "billed" and events[-1]["amount_micros"] == 1234
+
+
+async def test_an_invalid_argument_is_one_line_on_stderr(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.gateway.generate_error = InvalidArgument(
+        [FieldViolation("sampling.max_tokens", "must be > 0")]
+    )
+    code, out, err = await tollgate(
+        capsys, "generate", "Hi", *stack_args(stack), "--max-tokens", "0"
+    )
+    assert code == 1 and out == ""
+    assert err == "error: INVALID_ARGUMENT: sampling.max_tokens: must be > 0\n"
+
+
+async def test_a_failed_run_exits_non_zero(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.gateway.end = "failed"
+    code, out, err = await tollgate(capsys, "generate", "Hi", *stack_args(stack))
+    assert code == 1 and out == "Hello, world\n"
+    assert err.startswith("error: WORKER_LOST: run ") and err.count("\n") == 1
+
+
+async def test_missing_configuration_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = await tollgate(capsys, "generate", "Hi", "--model", "tiny")
+    assert code == 2
+    assert err.startswith("error: no gateway address: pass --gateway, set TOLLGATE_GATEWAY")
+
+
+async def test_flags_beat_env_which_beats_the_stack(
+    stack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tollgate.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["runs", "list", "--stack", str(stack)])
+    assert resolve(args, {}).api_key == API_KEY
+    assert resolve(args, {}).ledger is not None
+    env = {"TOLLGATE_API_KEY": "from-env", "TOLLGATE_LEDGER": "ledger:1"}
+    assert (resolve(args, env).api_key, resolve(args, env).ledger) == ("from-env", "ledger:1")
+    args = parser.parse_args(["runs", "list", "--stack", str(stack), "--api-key", "from-flag"])
+    assert resolve(args, env).api_key == "from-flag"
+    assert "from-flag" not in repr(resolve(args, env))
+
+
+async def test_runs_commands(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await tollgate(capsys, "generate", "Hi", *stack_args(stack))
+    [run_id] = fake.gateway.runs
+    code, out, _ = await tollgate(capsys, "runs", "get", run_id, *stack_args(stack))
+    assert code == 0 and "run_id:" in out and "state:" in out and "billed" in out
+    code, out, _ = await tollgate(capsys, "runs", "get", run_id, "--json", *stack_args(stack))
+    assert json.loads(out)["last_seq"] == 9
+    code, out, _ = await tollgate(
+        capsys, "runs", "stream", run_id, "--after", "3", *stack_args(stack)
+    )
+    assert (code, out) == (0, "lo, world\n")
+    code, out, _ = await tollgate(capsys, "runs", "list", "--limit", "5", *stack_args(stack))
+    assert out.splitlines()[0].split() == ["RUN_ID", "STATE", "MODEL", "OUTPUT_TOKENS", "CREATED"]
+    assert run_id in out
+    code, out, _ = await tollgate(capsys, "runs", "cancel", run_id, *stack_args(stack))
+    assert out == f"run {run_id}: cancelled\n"
+    code, _, err = await tollgate(capsys, "runs", "get", "nope", *stack_args(stack))
+    assert code == 1 and err.startswith("error: NOT_FOUND: ")
+
+
+async def test_usage_entries_and_reconcile(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = await tollgate(capsys, "usage", *stack_args(stack), "--since", "2026-01-01")
+    assert code == 0
+    assert out.splitlines()[0] == "tenant tenant-1  runs 2  total 1.500300 USD"
+    assert "output_tokens  50        1.500000" in out
+    [(_, request, metadata)] = fake.ledger.calls
+    assert request.HasField("start_time") and not request.HasField("end_time")
+    assert metadata["authorization"] == f"Bearer {API_KEY}"
+    await tollgate(capsys, "usage", "--tenant", "t-9", *stack_args(stack))
+    assert fake.ledger.calls[-1][2]["authorization"] == f"Bearer {ADMIN_TOKEN}"
+    code, out, _ = await tollgate(capsys, "usage", "--entries", *stack_args(stack))
+    assert "output_tokens" in out and "0.000010" in out
+    code, out, _ = await tollgate(capsys, "usage", "--reconcile", *stack_args(stack))
+    assert code == 0 and out.startswith("ok")
+    fake.ledger.reconciliation_ok = False
+    code, out, _ = await tollgate(capsys, "usage", "--reconcile", *stack_args(stack))
+    assert code == 1 and "unbilled r9" in out
+    code, _, err = await tollgate(capsys, "usage", "--since", "yesterday", *stack_args(stack))
+    assert code == 2 and "not an ISO 8601 time" in err
+
+
+async def test_admin_commands(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = stack_args(stack)
+    code, out, _ = await tollgate(
+        capsys, "admin", "tenants", "create", "acme", "--weight", "3", *args
+    )
+    assert code == 0 and "name:" in out and "acme" in out
+    assert fake.admin.calls[0][2]["authorization"] == f"Bearer {ADMIN_TOKEN}"
+    code, out, _ = await tollgate(capsys, "admin", "tenants", "list", *args)
+    assert out.splitlines()[1].split() == ["t-1", "acme", "3", "unlimited", "unlimited"]
+    code, out, _ = await tollgate(capsys, "admin", "tenants", "get", "t-1", "--json", *args)
+    assert json.loads(out)["weight"] == 3
+    code, out, err = await tollgate(capsys, "admin", "keys", "create", "t-1", *args)
+    assert code == 0 and out.count("tg_secret_1") == 1 and "shown only once" in err
+    code, out, _ = await tollgate(capsys, "admin", "keys", "revoke", "k-1", *args)
+    assert "True" in out and "tg_secret" not in out
+    await tollgate(capsys, "admin", "quota", "set", "t-1", "--max-kv-blocks", "64", *args)
+    code, out, _ = await tollgate(
+        capsys, "admin", "quota", "set", "t-1", "--max-concurrent-runs", "2", *args
+    )
+    assert out == "tenant t-1: max_kv_blocks=64 max_concurrent_runs=2\n"
+
+
+async def test_secrets_never_reach_the_output(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.gateway.generate_error = InvalidArgument([FieldViolation("model", "unknown")])
+    for argv in (("generate", "Hi"), ("runs", "list"), ("usage",), ("admin", "tenants", "list")):
+        _, out, err = await tollgate(capsys, *argv, *stack_args(stack))
+        assert API_KEY not in out + err and ADMIN_TOKEN not in out + err
+
+
+def test_money_is_exact() -> None:
+    assert money(1_500_300, "USD") == "1.500300 USD"
+    assert money(-5) == "-0.000005"
+    assert money(10**18 + 1) == "1000000000000.000001"

@@ -1,0 +1,163 @@
+"""docker-compose.yml, checked by the compose-spec parser and for how the services are wired.
+
+No container engine runs here: this is what can be known without one.
+"""
+
+import re
+import shlex
+from graphlib import TopologicalSorter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compose_spec import PyCompose, PyOptions
+
+from tollgate.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLLGATE_SERVICES = ("admission", "scheduler", "worker", "ledger")
+ONE_SHOTS = ("migrate", "topics", "model")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    # apply_merge: the file shares settings through YAML anchors and `<<` merge keys.
+    parsed = PyOptions(apply_merge=True).from_yaml((ROOT / "docker-compose.yml").read_text())
+    parsed.validate()
+    return parsed.to_dict()
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]
+
+
+def env(service: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in service.get("environment", {}).items()}
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    value = service["command"]
+    return shlex.split(value) if isinstance(value, str) else list(value)
+
+
+def test_the_spec_parser_rejects_what_compose_would() -> None:
+    with pytest.raises(ValueError):
+        PyCompose.from_yaml(
+            "services:\n  a:\n    image: x\n    depends_on:\n      b:\n        condition: soon\n"
+        )
+
+
+def test_the_services(services: dict[str, Any]) -> None:
+    assert set(services) == {"postgres", "kafka", *ONE_SHOTS, *TOLLGATE_SERVICES}
+    assert services["postgres"]["image"] == "postgres:17"
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    for name in (*ONE_SHOTS, *TOLLGATE_SERVICES):
+        assert services[name]["image"] == "tollgate:local"
+        assert services[name]["build"]["context"] == "."
+    for name in TOLLGATE_SERVICES:
+        assert command(services[name]) == ["python", "-m", f"services.{name}"]
+
+
+def test_each_service_module_exists() -> None:
+    missing = [n for n in TOLLGATE_SERVICES if not (ROOT / "services" / n / "__main__.py").exists()]
+    assert not missing, f"docker-compose.yml runs services that do not exist: {missing}"
+
+
+def test_dependencies_exist_are_acyclic_and_wait_properly(services: dict[str, Any]) -> None:
+    graph = {name: set(s.get("depends_on", {})) for name, s in services.items()}
+    for name, targets in graph.items():
+        assert targets <= set(services), name
+    list(TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+    for name, service in services.items():
+        for target, rule in service.get("depends_on", {}).items():
+            if rule["condition"] == "service_healthy":
+                assert "healthcheck" in services[target], (name, target)
+            if rule["condition"] == "service_completed_successfully":
+                assert target in ONE_SHOTS and services[target]["restart"] == "no"
+    for name in TOLLGATE_SERVICES:
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert depends["topics"]["condition"] == "service_completed_successfully"
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert services["worker"]["depends_on"]["model"]["condition"] == (
+        "service_completed_successfully"
+    )
+
+
+def test_the_services_find_each_other(services: dict[str, Any]) -> None:
+    listen = {name: env(services[name])["TOLLGATE_LISTEN"] for name in TOLLGATE_SERVICES}
+    for name, address in listen.items():
+        assert address.startswith("0.0.0.0:"), name
+        assert services[name]["healthcheck"]["test"] == [
+            "CMD", "tollgate", "health", f"127.0.0.1:{port_of(address)}",
+        ]  # fmt: skip
+    for name in (*TOLLGATE_SERVICES, "migrate", "topics"):
+        variables = env(services[name])
+        assert re.match(
+            r"postgresql\+psycopg://\w+:.+@postgres:5432/\w+$", variables["TOLLGATE_DATABASE_URL"]
+        )
+        assert variables["TOLLGATE_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    kafka = env(services["kafka"])
+    assert "PLAINTEXT://kafka:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env(services["scheduler"])["TOLLGATE_WORKERS"] == (
+        f"worker-1=worker:{port_of(listen['worker'])}"
+    )
+    assert env(services["worker"])["TOLLGATE_WORKER_ID"] == "worker-1"
+    assert env(services["admission"])["TOLLGATE_SCHEDULER_ADDRESS"] == (
+        f"scheduler:{port_of(listen['scheduler'])}"
+    )
+    gateway_port = port_of(listen["admission"])
+    assert f"{gateway_port}:{gateway_port}" in services["admission"]["ports"]
+
+
+def test_the_model_volume(compose: dict[str, Any], services: dict[str, Any]) -> None:
+    assert "models" in compose["volumes"]
+    assert "tollgate models init-tiny /models/tiny" in " ".join(command(services["model"]))
+    assert "models:/models" in services["model"]["volumes"]
+    for name in ("admission", "worker"):
+        assert env(services[name])["TOLLGATE_MODELS"] == "tiny=/models/tiny"
+        assert "models:/models:ro" in services[name]["volumes"]
+    parsed = build_parser().parse_args(["models", "init-tiny", "/models/tiny"])
+    assert parsed.func is not None
+
+
+def test_the_admin_token_is_required_and_never_committed(services: dict[str, Any]) -> None:
+    for name in ("admission", "ledger"):
+        token = env(services[name])["TOLLGATE_ADMIN_TOKEN"]
+        assert re.fullmatch(r"\$\{TOLLGATE_ADMIN_TOKEN:\?[^}]*\}", token), token
+    for name, service in services.items():
+        if name not in ("admission", "ledger"):
+            assert "TOLLGATE_ADMIN_TOKEN" not in env(service), name
+
+
+def test_the_one_shot_commands_name_real_functions(services: dict[str, Any]) -> None:
+    from services.core.infra import ensure_topics
+    from services.core.migrate import upgrade
+
+    assert callable(upgrade) and callable(ensure_topics)
+    for name in ("migrate", "topics"):
+        argv = command(services[name])
+        assert argv[:2] == ["python", "-c"]
+        compile(argv[2], f"<{name}>", "exec")
+    assert "upgrade(" in command(services["migrate"])[2]
+    assert "ensure_topics(" in command(services["topics"])[2]
+
+
+def test_the_dockerfile_and_its_ignore_file() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.findall(r"^FROM .*$", dockerfile, re.M) == ["FROM python:3.11-slim"]
+    assert re.search(
+        r"pip install torch==2\.13\.0 --index-url https://download\.pytorch\.org/whl/cpu",
+        dockerfile,
+    )
+    assert "pip install -e ." in dockerfile
+    assert "USER tollgate" in dockerfile
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".git", ".venv", ".tollgate"} <= ignored

@@ -1,0 +1,142 @@
+"""A run's event stream that survives broken connections (asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from tollgate.convert import event_of
+from tollgate.errors import StreamGapError, TollgateError, from_rpc_error
+from tollgate.resume import Backoff, NextCall, StreamTracker, is_resumable, stream_ended_early
+from tollgate.types import RetryPolicy, Run, RunEvent, Usage
+
+AsyncOpener = Callable[[NextCall], Any]
+
+
+class AsyncStream:
+    """The asyncio form of `tollgate.stream.Stream`: `async for event in stream`."""
+
+    def __init__(
+        self,
+        opener: AsyncOpener,
+        tracker: StreamTracker,
+        policy: RetryPolicy,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        probe: Callable[[str], Awaitable[Run]] | None = None,
+    ) -> None:
+        self._open = opener
+        self._tracker = tracker
+        self._backoff = Backoff(policy)
+        self._sleep = sleep
+        # Asks the server how the run stands when a stream ends without its last event.
+        self._probe = probe
+        self._call: Any = None
+        self._closed = False
+        self._events = self._run()
+
+    @property
+    def run_id(self) -> str | None:
+        return self._tracker.run_id
+
+    @property
+    def text(self) -> str:
+        return self._tracker.text
+
+    @property
+    def last_seq(self) -> int:
+        return self._tracker.last_seq
+
+    @property
+    def state(self) -> str | None:
+        return self._tracker.state
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._tracker.usage
+
+    @property
+    def finish_reason(self) -> str:
+        return self._tracker.finish_reason
+
+    @property
+    def terminal_event(self) -> RunEvent | None:
+        return self._tracker.terminal
+
+    @property
+    def done(self) -> bool:
+        return self._tracker.done
+
+    def __aiter__(self) -> AsyncIterator[RunEvent]:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        return await self._events.__anext__()
+
+    async def wait(self) -> AsyncStream:
+        """Consumes the remaining events; returns this stream."""
+        async for _ in self:
+            pass
+        return self
+
+    def raise_for_outcome(self) -> None:
+        self._tracker.raise_for_outcome()
+
+    async def aclose(self) -> None:
+        """Stops the stream; the run itself goes on (see disconnect_grace)."""
+        self._closed = True
+        if self._call is not None:
+            self._call.cancel()
+        await self._events.aclose()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _run_has_ended(self) -> bool:
+        if self._probe is None or self._tracker.run_id is None:
+            return False
+        try:
+            run = await self._probe(self._tracker.run_id)
+        except TollgateError:
+            return False  # cannot tell: resume, and let the retry budget decide
+        return self._tracker.ended_before(run.state, run.last_seq)
+
+    async def _run(self) -> AsyncGenerator[RunEvent, None]:
+        tracker = self._tracker
+        while not tracker.done and not self._closed:
+            self._call = call = self._open(tracker.next_call())
+            try:
+                async for message in call:
+                    event = event_of(message)
+                    if not tracker.accept(event):
+                        continue
+                    self._backoff.progress()
+                    yield event
+                    if tracker.done:
+                        return
+                if tracker.done or tracker.ended_cleanly() or await self._run_has_ended():
+                    return
+                error: TollgateError = stream_ended_early()
+            except grpc.RpcError as rpc_error:
+                if self._closed:
+                    return
+                error = from_rpc_error(rpc_error)
+                if not is_resumable(error):
+                    raise error from None
+            except StreamGapError as gap:
+                error = gap
+            finally:
+                call.cancel()
+                self._call = None
+            await self._sleep(self._backoff.delay_after(error))

@@ -1,0 +1,333 @@
+"""The synchronous Tollgate client: runs (Client), billing, and administration (AdminClient).
+
+    with Client("localhost:50051", api_key) as client:
+        for event in client.generate("Hello", model="tiny", max_tokens=16):
+            print(event.text, end="")
+
+Every failed call raises a `tollgate.errors.TollgateError` subclass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from tollgate import convert
+from tollgate.errors import from_rpc_error
+from tollgate.resume import NextCall, StreamTracker
+from tollgate.stream import Stream
+from tollgate.types import (
+    ApiKey,
+    ChatMessage,
+    LedgerEntry,
+    LedgerEntryPage,
+    Quota,
+    Reconciliation,
+    RetryPolicy,
+    Run,
+    RunPage,
+    Tenant,
+    UsageReport,
+)
+from tollgate.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    ledger_pb2,
+    ledger_pb2_grpc,
+)
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_RETRY = RetryPolicy()
+
+T = TypeVar("T")
+Messages = Sequence[ChatMessage | tuple[str, str] | dict[str, str]]
+
+
+def bearer(secret: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {secret}"),)
+
+
+def open_channel(
+    address: str, credentials: grpc.ChannelCredentials | None, options: Sequence[tuple[str, Any]]
+) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, credentials, options=list(options))
+
+
+class _Base:
+    """Channels, credentials and the unary-call wrapper shared by both clients."""
+
+    def __init__(
+        self,
+        address: str,
+        secret: str,
+        *,
+        ledger_address: str | None,
+        timeout: float | None,
+        credentials: grpc.ChannelCredentials | None,
+        options: Sequence[tuple[str, Any]],
+    ) -> None:
+        self._channel = open_channel(address, credentials, options)
+        self._ledger_channel = (
+            open_channel(ledger_address, credentials, options)
+            if ledger_address and ledger_address != address
+            else self._channel
+        )
+        self._metadata = bearer(secret)
+        self._timeout = timeout
+        self._ledger = ledger_pb2_grpc.LedgerServiceStub(self._ledger_channel)
+
+    def __repr__(self) -> str:
+        # Never the key or token.
+        return f"{type(self).__name__}()"
+
+    def _unary(self, method: Callable[..., T], request: Any) -> T:
+        try:
+            return method(request, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def close(self) -> None:
+        if self._ledger_channel is not self._channel:
+            self._ledger_channel.close()
+        self._channel.close()
+
+    def __enter__(self: T) -> T:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # LedgerService: a tenant key sees its own tenant, the admin token every tenant.
+
+    def list_ledger_entries(
+        self, *, tenant_id: str = "", run_id: str = "", page_size: int = 100, page_token: str = ""
+    ) -> LedgerEntryPage:
+        """One page of ledger entries."""
+        request = ledger_pb2.ListLedgerEntriesRequest(
+            tenant_id=tenant_id, run_id=run_id, page_size=page_size, page_token=page_token
+        )
+        response = self._unary(self._ledger.ListLedgerEntries, request)
+        entries = tuple(convert.ledger_entry_of(e) for e in response.entries)
+        return LedgerEntryPage(entries=entries, next_page_token=response.next_page_token)
+
+    def iter_ledger_entries(
+        self, *, tenant_id: str = "", run_id: str = "", page_size: int = 100
+    ) -> Iterator[LedgerEntry]:
+        """Every ledger entry, page after page."""
+        token = ""
+        while True:
+            page = self.list_ledger_entries(
+                tenant_id=tenant_id, run_id=run_id, page_size=page_size, page_token=token
+            )
+            yield from page.entries
+            token = page.next_page_token
+            if not token:
+                return
+
+    def get_usage(
+        self, *, tenant_id: str = "", start: datetime | None = None, end: datetime | None = None
+    ) -> UsageReport:
+        """Billed usage of a tenant (the caller's own for an API key) in [start, end)."""
+        response = self._unary(self._ledger.GetUsage, convert.usage_request(tenant_id, start, end))
+        return convert.usage_report_of(response)
+
+    def get_reconciliation(self) -> Reconciliation:
+        """Runs whose billing or KV reservation does not add up."""
+        request = ledger_pb2.GetReconciliationRequest()
+        return convert.reconciliation_of(self._unary(self._ledger.GetReconciliation, request))
+
+
+class Client(_Base):
+    """A tenant's client: generate and follow runs, read its usage.
+
+    `timeout` bounds each unary call; `stream_timeout`, when set, bounds each
+    attempt of a stream, which is then resumed. `retry` governs resuming.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str,
+        *,
+        ledger_address: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        stream_timeout: float | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        super().__init__(
+            address,
+            api_key,
+            ledger_address=ledger_address,
+            timeout=timeout,
+            credentials=credentials,
+            options=options,
+        )
+        self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+        self._stream_timeout = stream_timeout
+        self._retry = retry
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Messages | None = None,
+        model: str,
+        max_tokens: int = 256,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        priority: str = "interactive",
+        idempotency_key: str | None = None,
+        disconnect_grace: float | None = None,
+        until_terminal: bool = False,
+    ) -> Stream:
+        """Starts a run (or attaches to the one `idempotency_key` names) and streams its events.
+
+        The idempotency key defaults to a fresh UUID, so retries inside the stream
+        never start a second run. The stream ends at `billed`, or at the terminal
+        event with `until_terminal`.
+        """
+        request = convert.generate_request(
+            prompt,
+            messages=messages,
+            model=model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            disconnect_grace=disconnect_grace,
+            until_terminal=until_terminal,
+        )
+        tracker = StreamTracker(request=request, until_terminal=until_terminal)
+        return Stream(self._open_stream, tracker, self._retry, probe=self.get_run)
+
+    def generate_text(self, prompt: str | None = None, **kwargs: Any) -> str:
+        """The whole text of a run; raises RunFailedError / RunCancelledError if it did not complete."""
+        kwargs.setdefault("until_terminal", True)
+        with self.generate(prompt, **kwargs) as stream:
+            stream.wait()
+            stream.raise_for_outcome()
+            return stream.text
+
+    def stream_run(
+        self, run_id: str, starting_after: int = 0, *, until_terminal: bool = False
+    ) -> Stream:
+        """A run's events after seq `starting_after` (0 = all), live until it ends."""
+        tracker = StreamTracker(
+            run_id=run_id, starting_after=starting_after, until_terminal=until_terminal
+        )
+        return Stream(self._open_stream, tracker, self._retry, probe=self.get_run)
+
+    def _open_stream(self, call: NextCall) -> Any:
+        options = {"timeout": self._stream_timeout, "metadata": self._metadata}
+        if call.generate is not None:
+            return self._gateway.Generate(call.generate, **options)
+        return self._gateway.StreamRun(call.stream_run, **options)
+
+    def cancel_run(self, run_id: str) -> Run:
+        """Asks the run to stop; returns its state as of the request."""
+        request = gateway_pb2.CancelRunRequest(run_id=run_id)
+        return convert.run_of(self._unary(self._gateway.CancelRun, request))
+
+    def get_run(self, run_id: str) -> Run:
+        request = gateway_pb2.GetRunRequest(run_id=run_id)
+        return convert.run_of(self._unary(self._gateway.GetRun, request))
+
+    def list_runs(self, page_size: int = 50, page_token: str = "") -> RunPage:
+        """One page of the tenant's runs."""
+        request = gateway_pb2.ListRunsRequest(page_size=page_size, page_token=page_token)
+        response = self._unary(self._gateway.ListRuns, request)
+        runs = tuple(convert.run_of(r) for r in response.runs)
+        return RunPage(runs=runs, next_page_token=response.next_page_token)
+
+    def iter_runs(self, page_size: int = 100) -> Iterator[Run]:
+        """Every run of the tenant, page after page."""
+        token = ""
+        while True:
+            page = self.list_runs(page_size, token)
+            yield from page.runs
+            token = page.next_page_token
+            if not token:
+                return
+
+
+class AdminClient(_Base):
+    """The operator's client, authenticated with the admin token."""
+
+    def __init__(
+        self,
+        address: str,
+        admin_token: str,
+        *,
+        ledger_address: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        super().__init__(
+            address,
+            admin_token,
+            ledger_address=ledger_address,
+            timeout=timeout,
+            credentials=credentials,
+            options=options,
+        )
+        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+
+    def create_tenant(self, name: str, weight: int = 1) -> Tenant:
+        request = admin_pb2.CreateTenantRequest(name=name, weight=weight)
+        return convert.tenant_of(self._unary(self._admin.CreateTenant, request))
+
+    def get_tenant(self, tenant_id: str) -> Tenant:
+        request = admin_pb2.GetTenantRequest(tenant_id=tenant_id)
+        return convert.tenant_of(self._unary(self._admin.GetTenant, request))
+
+    def list_tenants(self) -> list[Tenant]:
+        response = self._unary(self._admin.ListTenants, admin_pb2.ListTenantsRequest())
+        return [convert.tenant_of(t) for t in response.tenants]
+
+    def create_api_key(self, tenant_id: str) -> ApiKey:
+        """A new key for the tenant; its `secret` is returned this once and stored hashed."""
+        request = admin_pb2.CreateApiKeyRequest(tenant_id=tenant_id)
+        return convert.api_key_of(self._unary(self._admin.CreateApiKey, request))
+
+    def revoke_api_key(self, key_id: str) -> ApiKey:
+        request = admin_pb2.RevokeApiKeyRequest(key_id=key_id)
+        return convert.api_key_of(self._unary(self._admin.RevokeApiKey, request))
+
+    def set_quota(
+        self, tenant_id: str, *, max_kv_blocks: int = 0, max_concurrent_runs: int = 0
+    ) -> Quota:
+        """Replaces the tenant's limits; 0 means unlimited."""
+        quota = admin_pb2.Quota(
+            tenant_id=tenant_id,
+            max_kv_blocks=max_kv_blocks,
+            max_concurrent_runs=max_concurrent_runs,
+        )
+        response = self._unary(self._admin.SetQuota, admin_pb2.SetQuotaRequest(quota=quota))
+        return convert.quota_of(response)

@@ -1,0 +1,66 @@
+"""`tollgate generate PROMPT`: run a prompt and stream its text."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tollgate.client import Client
+from tollgate.commands.connection import CommandError, connection_flags, reports_errors, resolve
+from tollgate.commands.printing import print_stream
+
+
+def register(subparsers: Any) -> None:
+    """Adds `generate` to the `tollgate` command line."""
+    parser = subparsers.add_parser(
+        "generate",
+        parents=[connection_flags()],
+        help="generate text for a prompt, streamed as it is produced",
+    )
+    parser.add_argument("prompt")
+    parser.add_argument("--model", help="model name (default: the stack's model)")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--priority", choices=("interactive", "batch"), default="interactive")
+    parser.add_argument("--idempotency-key", help="names the run; the same key attaches to it")
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object per event, up to `billed`"
+    )
+    parser.add_argument(
+        "--until-terminal",
+        action="store_true",
+        help="with --json, stop at the terminal event instead of `billed`",
+    )
+    parser.set_defaults(func=generate_command)
+
+
+@reports_errors
+def generate_command(args: argparse.Namespace) -> int:
+    connection = resolve(args)
+    model = args.model or connection.model
+    if not model:
+        raise CommandError("no model: pass --model or start the stack with `tollgate up`")
+    with Client(
+        connection.require_gateway(),
+        connection.require_api_key(),
+        timeout=connection.timeout,
+    ) as client:
+        stream = client.generate(
+            args.prompt,
+            model=model,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            stop=args.stop,
+            priority=args.priority,
+            idempotency_key=args.idempotency_key,
+            # Plain text is complete at the terminal event; billing comes after.
+            until_terminal=args.until_terminal or not args.json,
+        )
+        return print_stream(stream, as_json=args.json)

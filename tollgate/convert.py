@@ -1,0 +1,269 @@
+"""Translation between the generated `tollgate.v1` messages and the SDK's dataclasses."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from tollgate.types import (
+    ApiKey,
+    ChatMessage,
+    LedgerEntry,
+    Quota,
+    Reconciliation,
+    Run,
+    RunEvent,
+    Tenant,
+    Usage,
+    UsageLine,
+    UsageReport,
+)
+from tollgate.v1 import admin_pb2, events_pb2, ledger_pb2
+
+PRIORITIES = {
+    "interactive": events_pb2.PRIORITY_INTERACTIVE,
+    "batch": events_pb2.PRIORITY_BATCH,
+}
+
+
+def state_name(value: int) -> str:
+    """RUN_STATE_QUEUED -> "queued"; an unknown number -> "unspecified"."""
+    try:
+        name = events_pb2.RunState.Name(value)
+    except ValueError:
+        return "unspecified"
+    return name.removeprefix("RUN_STATE_").lower()
+
+
+def priority_name(value: int) -> str:
+    try:
+        name = events_pb2.Priority.Name(value)
+    except ValueError:
+        return "unspecified"
+    return name.removeprefix("PRIORITY_").lower()
+
+
+def to_datetime(message: timestamp_pb2.Timestamp, present: bool) -> datetime | None:
+    return message.ToDatetime(tzinfo=UTC) if present else None
+
+
+def to_timestamp(value: datetime) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    # A naive datetime is taken as UTC, the unit every Tollgate timestamp uses.
+    stamp.FromDatetime(value if value.tzinfo else value.replace(tzinfo=UTC))
+    return stamp
+
+
+def usage_of(message: events_pb2.Usage) -> Usage:
+    return Usage(
+        prompt_tokens=message.prompt_tokens,
+        cached_prompt_tokens=message.cached_prompt_tokens,
+        output_tokens=message.output_tokens,
+        kv_blocks_peak=message.kv_blocks_peak,
+        kv_block_seconds=message.kv_block_seconds,
+    )
+
+
+def ledger_entry_of(message: events_pb2.LedgerEntry) -> LedgerEntry:
+    return LedgerEntry(
+        entry_id=message.entry_id,
+        tenant_id=message.tenant_id,
+        run_id=message.run_id,
+        idempotency_key=message.idempotency_key,
+        billing_type=message.billing_type,
+        quantity=message.quantity,
+        unit_price_micros=message.unit_price_micros,
+        amount_micros=message.amount_micros,
+        create_time=to_datetime(message.create_time, message.HasField("create_time")),
+    )
+
+
+def event_of(message: events_pb2.RunEvent) -> RunEvent:
+    """The dataclass form of a RunEvent message."""
+    kind = message.WhichOneof("kind") or state_name(message.state)
+    base = RunEvent(
+        run_id=message.run_id,
+        seq=message.seq,
+        state=state_name(message.state),
+        kind=kind,
+        tenant_id=message.tenant_id,
+        time=to_datetime(message.time, message.HasField("time")),
+    )
+    return _with_kind_fields(base, message)
+
+
+def _with_kind_fields(base: RunEvent, message: events_pb2.RunEvent) -> RunEvent:
+    kind = message.WhichOneof("kind")
+    if kind == "queued":
+        q = message.queued
+        return replace(
+            base,
+            model=q.model,
+            priority=priority_name(q.priority),
+            prompt_token_ids=tuple(q.prompt_token_ids),
+            requeue_reason=q.requeue_reason,
+        )
+    if kind == "prefill":
+        p = message.prefill
+        return replace(base, worker_id=p.worker_id, cached_prompt_tokens=p.cached_prompt_tokens)
+    if kind == "streaming":
+        s = message.streaming
+        return replace(base, text=s.text, token_ids=tuple(s.token_ids))
+    if kind == "completed":
+        c = message.completed
+        return replace(
+            base,
+            finish_reason=c.finish_reason,
+            usage=usage_of(c.usage),
+            ttft_seconds=c.ttft_seconds,
+        )
+    if kind == "failed":
+        f = message.failed
+        return replace(base, error_code=f.code, error_message=f.message, usage=usage_of(f.usage))
+    if kind == "cancelled":
+        c2 = message.cancelled
+        return replace(base, cancel_reason=c2.reason, usage=usage_of(c2.usage))
+    if kind == "billed":
+        b = message.billed
+        entries = tuple(ledger_entry_of(e) for e in b.entries)
+        return replace(base, amount_micros=b.amount_micros, currency=b.currency, entries=entries)
+    return base
+
+
+def run_of(message: events_pb2.Run) -> Run:
+    return Run(
+        run_id=message.run_id,
+        tenant_id=message.tenant_id,
+        model=message.model,
+        state=state_name(message.state),
+        last_seq=message.last_seq,
+        usage=usage_of(message.usage) if message.HasField("usage") else None,
+        idempotency_key=message.idempotency_key,
+        finish_reason=message.finish_reason,
+        priority=priority_name(message.priority),
+        create_time=to_datetime(message.create_time, message.HasField("create_time")),
+        update_time=to_datetime(message.update_time, message.HasField("update_time")),
+    )
+
+
+def quota_of(message: admin_pb2.Quota) -> Quota:
+    return Quota(
+        tenant_id=message.tenant_id,
+        max_kv_blocks=message.max_kv_blocks,
+        max_concurrent_runs=message.max_concurrent_runs,
+    )
+
+
+def tenant_of(message: admin_pb2.Tenant) -> Tenant:
+    quota = quota_of(message.quota) if message.HasField("quota") else None
+    return Tenant(
+        tenant_id=message.tenant_id, name=message.name, weight=message.weight, quota=quota
+    )
+
+
+def api_key_of(message: admin_pb2.ApiKey) -> ApiKey:
+    return ApiKey(
+        key_id=message.key_id,
+        tenant_id=message.tenant_id,
+        revoked=message.revoked,
+        secret=message.secret,
+    )
+
+
+def usage_report_of(message: ledger_pb2.GetUsageResponse) -> UsageReport:
+    return UsageReport(
+        tenant_id=message.tenant_id,
+        num_runs=message.num_runs,
+        lines=tuple(
+            UsageLine(
+                billing_type=x.billing_type, quantity=x.quantity, amount_micros=x.amount_micros
+            )
+            for x in message.lines
+        ),
+        amount_micros=message.amount_micros,
+        currency=message.currency,
+    )
+
+
+def reconciliation_of(message: ledger_pb2.Reconciliation) -> Reconciliation:
+    return Reconciliation(
+        ok=message.ok,
+        unbilled_run_ids=tuple(message.unbilled_run_ids),
+        unreleased_run_ids=tuple(message.unreleased_run_ids),
+        mismatched_run_ids=tuple(message.mismatched_run_ids),
+    )
+
+
+def generate_request(
+    prompt: str | None,
+    *,
+    messages: Sequence[ChatMessage | tuple[str, str] | dict[str, str]] | None,
+    model: str,
+    max_tokens: int,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    stop: Sequence[str],
+    stop_token_ids: Sequence[int],
+    priority: str,
+    ignore_eos: bool = False,
+    idempotency_key: str | None,
+    disconnect_grace: float | None,
+    until_terminal: bool,
+) -> events_pb2.GenerateRequest:
+    """A GenerateRequest; the idempotency key is a fresh UUID unless one is given."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {sorted(PRIORITIES)}, got {priority!r}")
+    if isinstance(stop, str):
+        stop = [stop]
+    sampling = events_pb2.SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
+        ignore_eos=ignore_eos,
+    )
+    request = events_pb2.GenerateRequest(
+        model=model,
+        prompt=prompt or "",
+        messages=[_chat_message(m) for m in messages or ()],
+        sampling=sampling,
+        priority=PRIORITIES[priority],
+        idempotency_key=idempotency_key or str(uuid.uuid4()),
+        until_terminal=until_terminal,
+    )
+    if disconnect_grace is not None:
+        grace = duration_pb2.Duration()
+        grace.FromNanoseconds(int(disconnect_grace * 1e9))
+        request.disconnect_grace.CopyFrom(grace)
+    return request
+
+
+def _chat_message(
+    message: ChatMessage | tuple[str, str] | dict[str, str],
+) -> events_pb2.ChatMessage:
+    if isinstance(message, ChatMessage):
+        return events_pb2.ChatMessage(role=message.role, content=message.content)
+    if isinstance(message, dict):
+        return events_pb2.ChatMessage(role=message["role"], content=message["content"])
+    role, content = message
+    return events_pb2.ChatMessage(role=role, content=content)
+
+
+def usage_request(
+    tenant_id: str, start: datetime | None, end: datetime | None
+) -> ledger_pb2.GetUsageRequest:
+    request = ledger_pb2.GetUsageRequest(tenant_id=tenant_id)
+    if start is not None:
+        request.start_time.CopyFrom(to_timestamp(start))
+    if end is not None:
+        request.end_time.CopyFrom(to_timestamp(end))
+    return request

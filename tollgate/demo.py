@@ -1,0 +1,146 @@
+"""`make run`: start the local stack with `tollgate up`, then show what it does.
+
+    python -m tollgate.demo [--data-dir .tollgate/stack] [--exit]
+
+The demo streams a generation, cuts its connection mid-stream and resumes it
+from the last seq it saw, cancels a second run while it streams, and prints
+the ledger. The stack keeps running afterwards until Ctrl-C (or, with --exit,
+stops at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tollgate import Client
+from tollgate.flaky_link import FlakyLink
+
+STACK_TIMEOUT_S = 300
+
+
+def say(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    stack_file = data_dir / "stack.json"
+    stack_file.unlink(missing_ok=True)
+    say(f"starting the stack: tollgate up --data-dir {data_dir}  (logs in {data_dir / 'logs'})")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir), "--port", "0"],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + STACK_TIMEOUT_S
+    while not stack_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit(f"tollgate up failed; see {data_dir / 'logs'}")
+        time.sleep(0.2)
+    time.sleep(0.1)  # the file is written in one go, but give the writer a moment to close it
+    return process, json.loads(stack_file.read_text())
+
+
+def stream_with_a_cut(stack: dict[str, Any]) -> str:
+    say("streaming a run through a link that breaks after 8 events")
+    with FlakyLink(stack["gateway"]) as link:
+        client = Client(link.address, stack["api_key"])
+        stream = client.generate(
+            "Once upon a time, a toll gate",
+            model=stack["model"],
+            max_tokens=48,
+            temperature=0.8,
+            seed=7,
+        )
+        for event in stream:
+            if event.kind == "streaming":
+                print(event.text, end="", flush=True)
+            else:
+                print(f"\n[seq {event.seq}] {event.kind}", flush=True)
+            if event.seq == 8 and link.num_cuts == 0:
+                link.cut()
+                print(
+                    f"\n[connection cut after seq {event.seq}; the client resumes from there]",
+                    flush=True,
+                )
+    assert stream.run_id is not None
+    return stream.run_id
+
+
+def cancel_while_streaming(client: Client, model: str) -> str:
+    say("starting a long run and cancelling it while it streams")
+    stream = client.generate("A very long story", model=model, max_tokens=2000, ignore_eos=True)
+    for event in stream:
+        if event.kind == "streaming" and event.seq >= 6:
+            run = client.cancel_run(event.run_id)
+            print(f"cancelled {event.run_id} at seq {event.seq}: state {run.state}", flush=True)
+            break
+    stream.close()
+    assert stream.run_id is not None
+    final = list(client.stream_run(stream.run_id, starting_after=stream.last_seq))
+    print(
+        f"{sum(e.kind == 'streaming' for e in final)} more streaming events were in flight",
+        flush=True,
+    )
+    for event in (e for e in final if e.kind != "streaming"):
+        usage = f" output_tokens={event.usage.output_tokens}" if event.usage else ""
+        print(f"[seq {event.seq}] {event.kind}{usage}", flush=True)
+    return stream.run_id
+
+
+def print_ledger(client: Client, run_ids: list[str]) -> None:
+    say("the ledger")
+    for run_id in run_ids:
+        for entry in client.iter_ledger_entries(run_id=run_id):
+            print(
+                f"{run_id}  {entry.billing_type:<20} {entry.quantity:>6} x {entry.unit_price_micros}"
+                f" = {entry.amount_micros} micro-USD",
+                flush=True,
+            )
+    usage = client.get_usage()
+    print(
+        f"tenant total: {usage.num_runs} runs, {usage.amount_micros} micro-{usage.currency}",
+        flush=True,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Start the stack and run a short demo.")
+    parser.add_argument("--data-dir", type=Path, default=Path(".tollgate/stack"))
+    parser.add_argument("--exit", action="store_true", help="stop the stack after the demo")
+    args = parser.parse_args()
+    process, stack = start_stack(args.data_dir)
+    try:
+        print(f"gateway {stack['gateway']}, model {stack['model']}", flush=True)
+        client = Client(
+            stack["gateway"],
+            stack["api_key"],
+            ledger_address=stack["services"]["ledger"]["address"],
+        )
+        first = stream_with_a_cut(stack)
+        second = cancel_while_streaming(client, stack["model"])
+        time.sleep(0.5)
+        print_ledger(client, [first, second])
+        if not args.exit:
+            say(
+                f"the stack is running (details in {args.data_dir / 'stack.json'}); Ctrl-C stops it"
+            )
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

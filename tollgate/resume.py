@@ -1,0 +1,180 @@
+"""Bookkeeping of one run's event stream across reconnects, free of I/O.
+
+`StreamTracker` accepts each event once, in `seq` order, accumulates the text and
+outcome, and says which call continues the stream: Generate again with the same
+request (same idempotency key, so it attaches to the same run) while no event has
+arrived, else StreamRun after the last seq seen. `Backoff` decides how long to
+wait before the next attempt, and when to give up.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import grpc
+
+from tollgate.errors import (
+    RunCancelledError,
+    RunFailedError,
+    StreamGapError,
+    TollgateError,
+    UnavailableError,
+)
+from tollgate.types import RetryPolicy, RunEvent, Usage
+from tollgate.v1 import events_pb2, gateway_pb2
+
+# A stream that ends with one of these is continued rather than reported.
+RESUMABLE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+
+
+def is_resumable(error: TollgateError) -> bool:
+    """True when a broken stream should be reconnected rather than reported."""
+    if isinstance(error, StreamGapError):
+        return True
+    if error.status_code in RESUMABLE_CODES:
+        return True
+    # A connection reset mid-stream surfaces as INTERNAL with the HTTP/2 reset in the text.
+    return error.status_code == grpc.StatusCode.INTERNAL and "RST_STREAM" in error.message
+
+
+TERMINAL_STATE_NAMES = frozenset({"completed", "failed", "cancelled"})
+
+
+def stream_ended_early() -> UnavailableError:
+    return UnavailableError(
+        "UNAVAILABLE", "the stream ended before the run did", [], grpc.StatusCode.UNAVAILABLE
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NextCall:
+    """The call that (re)opens the stream: exactly one of the two requests is set."""
+
+    generate: events_pb2.GenerateRequest | None = None
+    stream_run: gateway_pb2.StreamRunRequest | None = None
+
+
+class StreamTracker:
+    """Dedupes and orders one run's events and accumulates what they say."""
+
+    def __init__(
+        self,
+        *,
+        request: events_pb2.GenerateRequest | None = None,
+        run_id: str | None = None,
+        starting_after: int = 0,
+        until_terminal: bool = False,
+    ) -> None:
+        if (request is None) == (run_id is None):
+            raise ValueError("give either a Generate request or a run id")
+        self.request = request
+        self.run_id = run_id
+        self.last_seq = starting_after
+        self.until_terminal = until_terminal
+        self.state: str | None = None
+        self.usage: Usage | None = None
+        self.finish_reason = ""
+        self.terminal: RunEvent | None = None
+        self.last_event: RunEvent | None = None
+        self._done = False
+        self._text: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def accept(self, event: RunEvent) -> bool:
+        """Records `event`; False for a duplicate. Raises StreamGapError on a gap."""
+        if self.run_id is None:
+            self.run_id = event.run_id
+        elif event.run_id != self.run_id:
+            raise TollgateError(
+                "DATA_LOSS", f"event of run {event.run_id} on the stream of {self.run_id}"
+            )
+        if event.seq <= self.last_seq:
+            return False
+        if event.seq != self.last_seq + 1:
+            raise StreamGapError(self.run_id, self.last_seq + 1, event.seq)
+        self._record(event)
+        return True
+
+    def _record(self, event: RunEvent) -> None:
+        self.last_seq = event.seq
+        self.last_event = event
+        self.state = event.state
+        if event.text:
+            self._text.append(event.text)
+        if event.usage is not None:
+            self.usage = event.usage
+        if event.finish_reason:
+            self.finish_reason = event.finish_reason
+        if event.is_terminal:
+            self.terminal = event
+        if event.is_final or (event.is_terminal and self.until_terminal):
+            self._done = True
+
+    def ended_cleanly(self) -> bool:
+        """The server closed the stream with OK: done if the run has ended, else resume."""
+        if self.terminal is not None or self._done:
+            self._done = True
+        return self._done
+
+    def ended_before(self, state: str, last_seq: int) -> bool:
+        """Whether the run, as the server reports it, has nothing after what was seen."""
+        finished = state == "billed" or (self.until_terminal and state in TERMINAL_STATE_NAMES)
+        if finished and last_seq <= self.last_seq:
+            self._done = True
+        return self._done
+
+    def next_call(self) -> NextCall:
+        if self.run_id is None:
+            return NextCall(generate=self.request)
+        return NextCall(
+            stream_run=gateway_pb2.StreamRunRequest(
+                run_id=self.run_id,
+                starting_after=self.last_seq,
+                until_terminal=self.until_terminal,
+            )
+        )
+
+    def raise_for_outcome(self) -> None:
+        """Raises RunFailedError / RunCancelledError when the run ended that way."""
+        end = self.terminal
+        if end is None or end.kind == "completed":
+            return
+        if end.kind == "failed":
+            raise RunFailedError(end.run_id, end.error_code, end.error_message or end.error_code)
+        raise RunCancelledError(end.run_id, end.cancel_reason)
+
+
+class Backoff:
+    """Counts failed attempts in a row; any new event resets the count."""
+
+    def __init__(self, policy: RetryPolicy, rng: random.Random | None = None) -> None:
+        self.policy = policy
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def progress(self) -> None:
+        self.failures = 0
+
+    def delay_after(self, error: TollgateError) -> float:
+        """Seconds to wait before the next attempt; raises `error` when out of attempts."""
+        self.failures += 1
+        if self.failures >= self.policy.max_attempts:
+            raise error
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None and retry_after > self.policy.max_retry_after:
+            raise error
+        exponential = self.policy.initial_backoff * self.policy.multiplier ** (self.failures - 1)
+        capped = min(self.policy.max_backoff, exponential)
+        # Equal jitter: clients cut off together do not reconnect together.
+        delay = capped / 2 + self._rng.uniform(0, capped / 2)
+        return max(delay, retry_after or 0.0)

@@ -1,0 +1,161 @@
+"""A run's event stream that survives broken connections (synchronous)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from tollgate.convert import event_of
+from tollgate.errors import StreamGapError, TollgateError, from_rpc_error
+from tollgate.resume import Backoff, NextCall, StreamTracker, is_resumable, stream_ended_early
+from tollgate.types import RetryPolicy, Run, RunEvent, Usage
+
+# Opens one attempt of the stream: Generate or StreamRun, per NextCall.
+Opener = Callable[[NextCall], Any]
+
+
+class Stream:
+    """Iterates a run's events exactly once each, in seq order, reconnecting as needed.
+
+    A broken connection is resumed transparently: with StreamRun after the last
+    seq seen once the run id is known, else with Generate again under the same
+    idempotency key. `text`, `usage`, `finish_reason` and `state` accumulate as
+    events go by. Use it as a context manager, or call `close()`, to stop early.
+    """
+
+    def __init__(
+        self,
+        opener: Opener,
+        tracker: StreamTracker,
+        policy: RetryPolicy,
+        sleep: Callable[[float], None] = time.sleep,
+        probe: Callable[[str], Run] | None = None,
+    ) -> None:
+        self._open = opener
+        self._tracker = tracker
+        self._backoff = Backoff(policy)
+        self._sleep = sleep
+        # Asks the server how the run stands when a stream ends without its last event.
+        self._probe = probe
+        self._call: Any = None
+        self._closed = threading.Event()
+        self._events = self._run()
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id, known from the first event on (at once for stream_run)."""
+        return self._tracker.run_id
+
+    @property
+    def text(self) -> str:
+        """The text streamed so far."""
+        return self._tracker.text
+
+    @property
+    def last_seq(self) -> int:
+        return self._tracker.last_seq
+
+    @property
+    def state(self) -> str | None:
+        return self._tracker.state
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._tracker.usage
+
+    @property
+    def finish_reason(self) -> str:
+        return self._tracker.finish_reason
+
+    @property
+    def terminal_event(self) -> RunEvent | None:
+        """The completed, failed or cancelled event, once seen."""
+        return self._tracker.terminal
+
+    @property
+    def done(self) -> bool:
+        return self._tracker.done
+
+    def __iter__(self) -> Iterator[RunEvent]:
+        return self
+
+    def __next__(self) -> RunEvent:
+        return next(self._events)
+
+    def wait(self) -> Stream:
+        """Consumes the remaining events; returns this stream."""
+        for _ in self:
+            pass
+        return self
+
+    def raise_for_outcome(self) -> None:
+        """Raises RunFailedError or RunCancelledError when the run ended that way."""
+        self._tracker.raise_for_outcome()
+
+    def close(self) -> None:
+        """Stops the stream; the run itself goes on (see disconnect_grace)."""
+        self._closed.set()
+        if self._call is not None:
+            self._call.cancel()
+        try:
+            self._events.close()
+        except ValueError:
+            # Closed from another thread mid-read: the cancelled call ends that read.
+            pass
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run_has_ended(self) -> bool:
+        if self._probe is None or self._tracker.run_id is None:
+            return False
+        try:
+            run = self._probe(self._tracker.run_id)
+        except TollgateError:
+            return False  # cannot tell: resume, and let the retry budget decide
+        return self._tracker.ended_before(run.state, run.last_seq)
+
+    def _run(self) -> Generator[RunEvent, None, None]:
+        tracker = self._tracker
+        while not tracker.done and not self._closed.is_set():
+            self._call = call = self._open(tracker.next_call())
+            try:
+                yield from self._drain(call)
+                if tracker.done or tracker.ended_cleanly() or self._run_has_ended():
+                    return
+                error: TollgateError = stream_ended_early()
+            except grpc.RpcError as rpc_error:
+                if self._closed.is_set():
+                    return
+                error = from_rpc_error(rpc_error)
+                if not is_resumable(error):
+                    raise error from None
+            except StreamGapError as gap:
+                error = gap
+            finally:
+                call.cancel()
+                self._call = None
+            self._sleep(self._backoff.delay_after(error))
+
+    def _drain(self, call: Any) -> Generator[RunEvent, None, None]:
+        for message in call:
+            event = event_of(message)
+            if not self._tracker.accept(event):
+                continue
+            self._backoff.progress()
+            yield event
+            if self._tracker.done:
+                return

@@ -1,0 +1,193 @@
+"""The values the SDK hands back: frozen dataclasses, never generated protobuf types.
+
+Run states and event kinds are lower-case words: "queued", "prefill", "streaming",
+"completed", "failed", "cancelled", "billed". Money is in integer micro-units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+FINAL_STATE = "billed"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a run consumed."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
+    kv_blocks_peak: int = 0
+    kv_block_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One billed line of one run."""
+
+    entry_id: str
+    tenant_id: str
+    run_id: str
+    idempotency_key: str
+    billing_type: str  # "input_tokens" | "cached_input_tokens" | "output_tokens" | ...
+    quantity: int
+    unit_price_micros: int
+    amount_micros: int
+    create_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of a run's log.
+
+    `kind` names what happened and equals `state`, the run's state after it.
+    Only the fields of the event's kind are set; the others keep their defaults:
+
+    * queued: model, priority, prompt_token_ids, requeue_reason
+    * prefill: worker_id, cached_prompt_tokens
+    * streaming: text (the UTF-8-safe delta), token_ids
+    * completed: finish_reason ("stop" | "length" | "stop_sequence"), usage, ttft_seconds
+    * failed: error_code (e.g. "WORKER_LOST"), error_message, usage
+    * cancelled: cancel_reason, usage
+    * billed: amount_micros, currency, entries
+    """
+
+    run_id: str
+    seq: int
+    state: str
+    kind: str
+    tenant_id: str = ""
+    time: datetime | None = None
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    usage: Usage | None = None
+    finish_reason: str = ""
+    ttft_seconds: float | None = None
+    error_code: str = ""
+    error_message: str = ""
+    cancel_reason: str = ""
+    model: str = ""
+    priority: str = ""
+    prompt_token_ids: tuple[int, ...] = ()
+    requeue_reason: str = ""
+    worker_id: str = ""
+    cached_prompt_tokens: int = 0
+    amount_micros: int = 0
+    currency: str = ""
+    entries: tuple[LedgerEntry, ...] = ()
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for completed, failed and cancelled: the run produces nothing more."""
+        return self.kind in TERMINAL_STATES
+
+    @property
+    def is_final(self) -> bool:
+        """True for billed, always a run's last event."""
+        return self.kind == FINAL_STATE
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A run's current state, as GetRun / ListRuns / CancelRun report it."""
+
+    run_id: str
+    tenant_id: str
+    model: str
+    state: str
+    last_seq: int
+    usage: Usage | None
+    idempotency_key: str
+    finish_reason: str
+    priority: str
+    create_time: datetime | None
+    update_time: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: tuple[Run, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntryPage:
+    entries: tuple[LedgerEntry, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLine:
+    billing_type: str
+    quantity: int
+    amount_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """A tenant's billed usage over a period."""
+
+    tenant_id: str
+    num_runs: int
+    lines: tuple[UsageLine, ...]
+    amount_micros: int
+    currency: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """Runs whose billing or KV reservation does not add up; `ok` when there are none."""
+
+    ok: bool
+    unbilled_run_ids: tuple[str, ...]
+    unreleased_run_ids: tuple[str, ...]
+    mismatched_run_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A tenant's limits; 0 means unlimited."""
+
+    tenant_id: str
+    max_kv_blocks: int = 0
+    max_concurrent_runs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    tenant_id: str
+    name: str
+    weight: int
+    quota: Quota | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key; `secret` is set only in the answer to create_api_key."""
+
+    key_id: str
+    tenant_id: str
+    revoked: bool
+    # Kept out of repr so that logging the value never leaks the key.
+    secret: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a broken stream is resumed: attempts in a row without a new event, and backoff."""
+
+    max_attempts: int = 6
+    initial_backoff: float = 0.1
+    max_backoff: float = 5.0
+    multiplier: float = 2.0
+    # A server's RetryInfo longer than this is not waited for: the error is raised.
+    max_retry_after: float = 30.0
