@@ -14,6 +14,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -137,6 +138,8 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "engine": run_engine(model_dir, work, config),
         }
+        # The baseline takes minutes: show the engine's side as soon as it is known.
+        print(json.dumps({"engine": report["engine"]}), file=sys.stderr, flush=True)
         if not args.skip_baseline:
             report["transformers"] = run_transformers(model_dir, work, args.batch_size)
             report["speedup"] = round(

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -238,7 +240,7 @@ def running_stack(
             processes = services.start()
             gateway = processes["admission"].address
             yield gateway, tenant_key(gateway, admin_token)
-        except BaseException:
+        except Exception:
             for process in services.processes.values():
                 progress(f"--- {process.name} log tail ---\n{process.log_tail()}")
             raise
@@ -352,10 +354,16 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    # Progress and the launcher's logs on stderr; stdout is the table and the JSON line.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     # SIGTERM takes the Ctrl-C path, so the stack and the infra are stopped either way.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with tempfile.TemporaryDirectory(prefix="tollgate-bench-stack-") as tmp:
-        figures: dict[str, Any] = bench(args, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(prefix="tollgate-bench-stack-") as tmp:
+            figures = bench(args, Path(tmp))
+    except KeyboardInterrupt:
+        progress("interrupted")
+        return 130
     print(json.dumps(figures))
     return 0
 

@@ -118,7 +118,7 @@ class TenantRepository:
         return KeyRecord(key_id, row.tenant_id, "", revoked=True)
 
 
-def _tenant(row: Mapping[str, Any]) -> TenantRecord:
+def _tenant(row: Mapping[Any, Any]) -> TenantRecord:
     return TenantRecord(
         tenant_id=row["tenant_id"],
         name=row["name"],

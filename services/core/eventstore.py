@@ -171,7 +171,7 @@ def _view_values(view: RunView) -> dict[str, Any]:
     return values
 
 
-def view_from_row(row: Mapping[str, Any]) -> RunView:
+def view_from_row(row: Mapping[Any, Any]) -> RunView:
     return RunView(
         run_id=row["run_id"],
         tenant_id=row["tenant_id"],
@@ -190,7 +190,7 @@ def view_from_row(row: Mapping[str, Any]) -> RunView:
     )
 
 
-def event_from_row(row: Mapping[str, Any]) -> StoredEvent:
+def event_from_row(row: Mapping[Any, Any]) -> StoredEvent:
     return StoredEvent(
         run_id=row["run_id"],
         seq=row["seq"],

@@ -104,13 +104,23 @@ class ServerProcess:
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        log.info(f"stopping {self.name}", pid=process.pid)
-        process.send_signal(self._stop_signal)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning(f"{self.name} did not stop, killing it", pid=process.pid)
-            process.kill()
-            process.wait()
+        stop_process(self.name, process, self._stop_signal, timeout)
+
+
+def stop_process(
+    name: str,
+    process: subprocess.Popen[Any] | None,
+    stop_signal: signal.Signals = signal.SIGTERM,
+    timeout: float = STOP_TIMEOUT_S,
+) -> None:
+    """Asks a child to stop with `stop_signal`, and kills it after `timeout`."""
+    if process is None or process.poll() is not None:
+        return
+    log.info(f"stopping {name}", pid=process.pid)
+    process.send_signal(stop_signal)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning(f"{name} did not stop, killing it", pid=process.pid)
+        process.kill()
+        process.wait()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import structlog
@@ -16,10 +15,13 @@ from services.scheduler.engine_client import AssignOutcome, Grant, WorkerClients
 from services.scheduler.records import Assignment, QueuedRun
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
+from services.scheduler.workers import Worker
 
 log = structlog.get_logger(__name__)
 
 MAX_REJECTIONS = 3
+# Assignments in flight at once: each waits on a lease transaction and a worker RPC.
+MAX_IN_FLIGHT = 8
 REJECTED = "REJECTED"
 
 
@@ -45,59 +47,92 @@ class Dispatcher:
         self.rejections: dict[str, int] = {}
 
     async def run(self) -> None:
-        """Dispatches until cancelled; sleeps while nothing fits."""
-        while True:
-            self.state.wake.clear()
-            try:
-                while await self.dispatch_one():
-                    pass
-            except Exception:  # database trouble: the run went back, try again later
-                log.exception("dispatch failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.state.wake.wait(), self.idle_interval)
+        """Dispatches until cancelled, several runs at once; sleeps while nothing fits."""
+        in_flight: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                self.state.wake.clear()
+                while len(in_flight) < MAX_IN_FLIGHT and (claim := self._claim()) is not None:
+                    task = asyncio.create_task(self._dispatch_logged(*claim))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                woken = asyncio.ensure_future(self.state.wake.wait())
+                await asyncio.wait(
+                    {woken, *in_flight},
+                    timeout=self.idle_interval,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                woken.cancel()
+        finally:
+            for task in in_flight:
+                task.cancel()
+
+    def _claim(self) -> tuple[QueuedRun, Worker] | None:
+        """The next run that fits and its worker, with the worker's blocks held for it."""
+        run = self.state.take_next(time.time())
+        if run is None:
+            return None
+        worker = self.state.registry.choose(run.kv_blocks, run.model)
+        if worker is None:  # cannot happen right after take_next; be safe anyway
+            self.state.put_back(run)
+            return None
+        # Held while the assignment is in flight, so parallel dispatches do not overbook.
+        self.state.registry.reserve(worker.worker_id, run.kv_blocks)
+        return run, worker
+
+    async def _dispatch_logged(self, run: QueuedRun, worker: Worker) -> None:
+        try:
+            await self.dispatch(run, worker)
+        except Exception:  # database trouble: the run went back, try again later
+            log.exception("dispatch failed", run_id=run.run_id)
 
     async def dispatch_one(self) -> bool:
         """Hands one run to a worker; False when no queued run fits any worker now."""
-        run = self.state.take_next(time.time())
-        if run is None:
+        claim = self._claim()
+        if claim is None:
             return False
+        await self.dispatch(*claim)
+        return True
+
+    async def dispatch(self, run: QueuedRun, worker: Worker) -> None:
+        """Leases `run` and assigns it to `worker`; on any failure it goes back in the queue."""
         span = get_tracer().start_as_current_span(
             "scheduler.dispatch",
             context=context_from_traceparent(run.traceparent),
             attributes={"tollgate.run_id": run.run_id, "tollgate.tenant_id": run.tenant_id},
         )
+        assigned = False
         try:
             with span, bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
-                await self._dispatch(run)
+                assigned = await self._lease_and_assign(run, worker.worker_id, worker.address)
         except BaseException:
             self.state.put_back(run)
             raise
-        return True
+        finally:
+            if not assigned:
+                self.state.registry.release(worker.worker_id, run.kv_blocks)
 
-    async def _dispatch(self, run: QueuedRun) -> None:
-        worker = self.state.registry.choose(run.kv_blocks, run.model)
-        if worker is None:  # cannot happen right after take_next; be safe anyway
-            self.state.put_back(run)
-            return
-        leased = await self.repository.lease_if_queued(run.run_id, worker.worker_id)
+    async def _lease_and_assign(self, run: QueuedRun, worker_id: str, address: str) -> bool:
+        leased = await self.repository.lease_if_queued(run.run_id, worker_id)
         if leased is None:
             log.info("run no longer queued; dropped")
             self.rejections.pop(run.run_id, None)
             self.state.settle(run.run_id)
-            return
+            return False
         grant = Grant(lease_epoch=leased[0], last_seq=leased[1])
-        result = await self.clients.assign(worker.address, run, grant)
+        result = await self.clients.assign(address, run, grant)
         metrics.DISPATCHES.labels(outcome=str(result.outcome)).inc()
         if result.outcome == AssignOutcome.ASSIGNED:
-            self._assigned(run, worker.worker_id, grant)
-        elif result.outcome == AssignOutcome.REFUSED:
-            await self._rejected(run, worker.worker_id, grant, result.detail)
+            self._assigned(run, worker_id, grant)
+            return True
+        if result.outcome == AssignOutcome.REFUSED:
+            await self._rejected(run, worker_id, grant, result.detail)
         else:
-            self._not_now(run, worker.worker_id, result.outcome)
+            self._not_now(run, worker_id, result.outcome)
+        return False
 
     def _assigned(self, run: QueuedRun, worker_id: str, grant: Grant) -> None:
         self.rejections.pop(run.run_id, None)
-        self.state.registry.reserve(worker_id, run.kv_blocks)
         assignment = Assignment(
             run_id=run.run_id,
             tenant_id=run.tenant_id,

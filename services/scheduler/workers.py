@@ -120,6 +120,12 @@ class WorkerRegistry:
         if worker is not None:
             worker.num_free_blocks = max(0, worker.num_free_blocks - cost)
 
+    def release(self, worker_id: str, cost: int) -> None:
+        """Gives back what `reserve` took for a run the worker did not take."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.num_free_blocks = min(worker.capacity, worker.num_free_blocks + cost)
+
     def choose(self, cost: int, model: str) -> Worker | None:
         """The dispatchable worker with the most free blocks that fits `cost`."""
         fitting = [w for w in self._workers.values() if w.can_take(cost, model)]

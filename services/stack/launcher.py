@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from services.core.infra import free_port
-from services.core.infra_process import InfraError, die_with_parent
+from services.core.infra_process import InfraError, die_with_parent, stop_process
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +79,12 @@ class ServiceProcess:
         assert self.process is not None and self.process.stdout is not None
         lines: queue.Queue[str] = queue.Queue()
         stdout = self.process.stdout
-        threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+
+        def read_lines() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        threading.Thread(target=read_lines, daemon=True).start()
         try:
             while True:
                 line = lines.get(timeout=timeout)
@@ -105,16 +110,7 @@ class ServiceProcess:
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        log.info(f"stopping {self.name}", pid=process.pid)
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning(f"{self.name} did not stop, killing it", pid=process.pid)
-            process.kill()
-            process.wait()
+        stop_process(self.name, process, signal.SIGTERM, timeout)
 
 
 class Services:

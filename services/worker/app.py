@@ -122,7 +122,9 @@ async def main() -> None:
         OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
     ]
     if settings.scheduler_address:
-        background.append(heartbeat(core, settings.scheduler_address, address))
+        # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
+        advertised = env_str("TOLLGATE_WORKER_ADVERTISE", address)
+        background.append(heartbeat(core, settings.scheduler_address, advertised))
     metrics_port = start_metrics(settings.common.metrics_port)
     log.info("serving", address=address, metrics_port=metrics_port, model=settings.model_name)
     print(f"READY {address}", flush=True)
