@@ -30,7 +30,7 @@ from engine.tiny import init_tiny_model
 
 # About 50M parameters, shaped like a scaled-down Llama 3.2: 12 layers of 3.8M (8 heads of 64,
 # 2 KV heads, MLP 4x) plus 4M of embeddings and LM head.
-MODEL_SHAPE = {
+MODEL_SHAPE: dict[str, Any] = {
     "layers": 12,
     "hidden": 512,
     "heads": 8,

@@ -3,11 +3,13 @@
     python -m bench.events [--events N] [--writers W] [--batch B]
 
 Starts its own PostgreSQL and broker (or uses TOLLGATE_DATABASE_URL /
-TOLLGATE_KAFKA_BOOTSTRAP), then runs two phases over fresh runs: single-event
-appends and batched appends.  For each it reports events/s end to end (first
-append to last event applied by the consumer) and the publish latency from
-the append's commit to the consumer applying it.  The last line is one JSON
-object of the figures.
+TOLLGATE_KAFKA_BOOTSTRAP), then runs three phases over fresh runs: W writers
+appending one event at a time, W writers appending B at a time, and one paced
+writer (an append every 20 ms) whose latency is the pipeline's own, free of
+queueing.  Each reports events/s end to end (first append to last event applied
+by the consumer) and the latency from the append's commit to the consumer
+applying it.  Everything runs in this one process, as in a service that
+appends, relays and consumes.  The last line is one JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -50,14 +52,17 @@ class PhaseResult:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+DRAIN_TIMEOUT_S = 300.0
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
 async def write_runs(
-    store: EventStore, runs: int, per_run: int, batch: int, committed: dict
+    store: EventStore, runs: int, per_run: int, batch: int, committed: dict, pace: float = 0.0
 ) -> None:  # type: ignore[type-arg]
-    """One writer: `runs` runs of `per_run` events, appended `batch` at a time."""
+    """One writer: `runs` runs of `per_run` events, `batch` per append, `pace` s apart."""
     for _ in range(runs):
         run_id = str(uuid.uuid4())
         seq = 0
@@ -70,6 +75,8 @@ async def write_runs(
             for i in range(size):
                 committed[(run_id, seq + i + 1)] = now
             seq += size
+            if pace:
+                await asyncio.sleep(pace)
 
 
 def _event(index: int) -> NewEvent:
@@ -81,18 +88,22 @@ def _event(index: int) -> NewEvent:
 
 
 async def run_phase(
-    engine: AsyncEngine, bootstrap: str, name: str, *, events: int, writers: int, batch: int
+    engine: AsyncEngine,
+    bootstrap: str,
+    name: str,
+    *,
+    events: int,
+    writers: int,
+    batch: int,
+    pace: float = 0.0,
 ) -> PhaseResult:
     topic = f"bench-{name}-{uuid.uuid4().hex[:8]}"
     await create_topic(bootstrap, topic, 8)
     committed: dict[tuple[str, int], float] = {}
     applied: dict[tuple[str, int], float] = {}
-    done = asyncio.Event()
 
     async def handler(_: AsyncConnection, event: events_pb2.RunEvent) -> None:
         applied[(event.run_id, event.seq)] = time.perf_counter()
-        if len(applied) >= events:
-            done.set()
 
     relay = OutboxRelay(engine, bootstrap, topic=topic)
     consumer = TrackingConsumer(engine, bootstrap, group_id=topic, handler=handler, topic=topic)
@@ -106,9 +117,15 @@ async def run_phase(
     store = EventStore(engine)
     started = time.perf_counter()
     await asyncio.gather(
-        *(write_runs(store, runs_per_writer, per_run, batch, committed) for _ in range(writers))
+        *(
+            write_runs(store, runs_per_writer, per_run, batch, committed, pace)
+            for _ in range(writers)
+        )
     )
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while len(applied) < total:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"phase {name}: only {len(applied)} of {total} events consumed")
         await asyncio.sleep(0.01)
     seconds = max(applied.values()) - started
     for task in tasks:
@@ -122,10 +139,16 @@ async def bench(args: argparse.Namespace, database_url: str, bootstrap: str) -> 
     engine = create_engine(database_url, pool_size=args.writers + 4)
     try:
         results = []
-        for name, batch in (("single", 1), ("batched", args.batch)):
-            progress(f"phase {name}: {args.events} events, {args.writers} writers, batch {batch}")
+        phases = [
+            ("single", args.events, args.writers, 1, 0.0),
+            ("batched", args.events, args.writers, args.batch, 0.0),
+            # One writer well below capacity: the pipeline's own latency, without queueing.
+            ("paced", min(args.events, 512), 1, 1, 0.02),
+        ]
+        for name, events, writers, batch, pace in phases:
+            progress(f"phase {name}: {events} events, {writers} writers, batch {batch}")
             result = await run_phase(
-                engine, bootstrap, name, events=args.events, writers=args.writers, batch=batch
+                engine, bootstrap, name, events=events, writers=writers, batch=batch, pace=pace
             )
             progress(f"phase {name}: {result.events_per_second:,.0f} events/s")
             results.append(result)
@@ -147,6 +170,7 @@ def report(results: list[PhaseResult]) -> dict[str, float]:
     figures["batched_vs_single"] = round(
         results[1].events_per_second / results[0].events_per_second, 2
     )
+    figures.pop("paced_events_per_second", None)  # set by the pace, not by the pipeline
     return figures
 
 

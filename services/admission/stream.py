@@ -42,7 +42,8 @@ class LiveTail:
             bootstrap_servers=self.bootstrap,
             group_id=None,
             auto_offset_reset="latest",
-            fetch_max_wait_ms=100,
+            # Short fetch waits keep a live token close to its commit.
+            fetch_max_wait_ms=20,
         )
         await consumer.start()
         self.started.set()

@@ -12,20 +12,31 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
+import sqlalchemy as sa
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.core.codec import kind_of
 from services.core.relay import RUN_EVENTS_TOPIC
 from services.core.runs import RunState
-from services.core.schema import consumer_tracking
 from tollgate.v1 import events_pb2
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[AsyncConnection, events_pb2.RunEvent], Awaitable[None]]
+
+# One statement per batch, whatever its size; a row that exists already is not
+# returned, and neither is a repeat of a key within the batch.
+_TRACK = sa.text(
+    """
+    INSERT INTO consumer_tracking (consumer, run_id, seq)
+    SELECT :consumer, t.run_id, t.seq
+    FROM unnest(CAST(:run_ids AS text[]), CAST(:seqs AS bigint[])) AS t(run_id, seq)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, seq
+    """
+)
 
 
 class TrackingConsumer:
@@ -42,6 +53,7 @@ class TrackingConsumer:
         topic: str = RUN_EVENTS_TOPIC,
         name: str | None = None,
         session_timeout_ms: int = 10_000,
+        fetch_max_wait_ms: int = 50,
     ) -> None:
         self.engine = engine
         self.bootstrap = bootstrap
@@ -51,6 +63,8 @@ class TrackingConsumer:
         self.topic = topic
         self.name = name or group_id
         self.session_timeout_ms = session_timeout_ms
+        # How long the broker may hold a fetch open waiting for data: the latency floor.
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         self.started = asyncio.Event()
 
     async def run(self) -> None:
@@ -63,6 +77,7 @@ class TrackingConsumer:
             auto_offset_reset="earliest",
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
         )
         await consumer.start()
         self.started.set()
@@ -77,29 +92,37 @@ class TrackingConsumer:
 
     async def apply(self, records: Sequence[ConsumerRecord]) -> int:
         """Applies a batch in one transaction; returns how many events were new."""
+        events = [events_pb2.RunEvent.FromString(record.value) for record in records]
+        if self.kinds is not None:
+            events = [event for event in events if kind_of(event) in self.kinds]
+        if not events:
+            return 0
         applied = 0
         async with self.engine.begin() as conn:
-            for record in records:
-                event = events_pb2.RunEvent.FromString(record.value)
-                if self.kinds is not None and kind_of(event) not in self.kinds:
-                    continue
-                if await self._track(conn, event):
+            new = await self._track(conn, events)
+            for event in events:
+                key = (event.run_id, event.seq)
+                if key in new:
+                    new.discard(key)  # a duplicate later in the batch is skipped too
                     await self.handler(conn, event)
                     applied += 1
+                else:
+                    log.debug("duplicate event skipped", run_id=event.run_id, seq=event.seq)
         return applied
 
-    async def _track(self, conn: AsyncConnection, event: events_pb2.RunEvent) -> bool:
-        """Writes the tracking row; False when this consumer applied the event before."""
+    async def _track(
+        self, conn: AsyncConnection, events: Sequence[events_pb2.RunEvent]
+    ) -> set[tuple[str, int]]:
+        """Writes the batch's tracking rows; returns the (run_id, seq) not applied before."""
         inserted = await conn.execute(
-            pg_insert(consumer_tracking)
-            .values(consumer=self.name, run_id=event.run_id, seq=event.seq)
-            .on_conflict_do_nothing()
-            .returning(consumer_tracking.c.seq)
+            _TRACK,
+            {
+                "consumer": self.name,
+                "run_ids": [event.run_id for event in events],
+                "seqs": [event.seq for event in events],
+            },
         )
-        if inserted.first() is None:
-            log.debug("duplicate event skipped", run_id=event.run_id, seq=event.seq)
-            return False
-        return True
+        return {(row.run_id, row.seq) for row in inserted}
 
     async def commit_offsets(
         self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]

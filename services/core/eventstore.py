@@ -9,6 +9,7 @@ rows, and notifies the relay.  Any failure raises and writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ from services.core.runs import (
     StoredEvent,
     apply_events,
 )
-from services.core.schema import outbox, run_events, runs
+from services.core.schema import run_events, runs
 
 
 class ConcurrencyConflict(EventStoreError):
@@ -139,25 +140,38 @@ async def _update_run(conn: AsyncConnection, view: RunView) -> None:
     )
 
 
+# One round trip for any number of events: the events, their outbox rows and
+# the relay's wake-up, all in the caller's transaction.
+_INSERT_EVENTS = sa.text(
+    """
+    WITH ev AS (
+        INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
+        SELECT :run_id, :first_seq + t.n - 1, t.kind, :tenant_id, t.payload::json, :traceparent
+        FROM unnest(CAST(:kinds AS text[]), CAST(:payloads AS text[]))
+            WITH ORDINALITY AS t(kind, payload, n)
+        RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
+    ), ob AS (
+        INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev
+    )
+    SELECT ev.*, pg_notify(:channel, :run_id) AS notified FROM ev ORDER BY seq
+    """
+)
+
+
 async def _insert_events(conn: AsyncConnection, view: RunView, append: Append) -> list[StoredEvent]:
-    first_seq = append.expected_seq + 1
-    rows = [
+    result = await conn.execute(
+        _INSERT_EVENTS,
         {
             "run_id": view.run_id,
-            "seq": first_seq + i,
-            "kind": str(event.kind),
+            "first_seq": append.expected_seq + 1,
             "tenant_id": view.tenant_id,
-            "payload": dict(event.payload),
             "traceparent": append.traceparent,
-            "created_at": sa.func.clock_timestamp(),
-        }
-        for i, event in enumerate(append.events)
-    ]
-    result = await conn.execute(run_events.insert().values(rows).returning(run_events))
-    stored = [event_from_row(row._mapping) for row in result]
-    await conn.execute(outbox.insert().values([{"run_id": e.run_id, "seq": e.seq} for e in stored]))
-    await conn.execute(sa.select(sa.func.pg_notify(EVENTS_CHANNEL, view.run_id)))
-    return sorted(stored, key=lambda e: e.seq)
+            "kinds": [str(event.kind) for event in append.events],
+            "payloads": [json.dumps(dict(event.payload)) for event in append.events],
+            "channel": EVENTS_CHANNEL,
+        },
+    )
+    return [event_from_row(row._mapping) for row in result]
 
 
 def _view_values(view: RunView) -> dict[str, Any]:

@@ -94,6 +94,8 @@ class EventTrigger:
             enable_auto_commit=True,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
+            # A queued run waits for this trigger: keep the broker's fetch wait short.
+            fetch_max_wait_ms=20,
         )
         consumer.subscribe([self.topic], listener=_Readiness(self.ready))
         try:
