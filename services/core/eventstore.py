@@ -8,14 +8,15 @@ rows, and notifies the relay.  Any failure raises and writes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from psycopg import AsyncCursor
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.core.db import EVENTS_CHANNEL
@@ -76,49 +77,63 @@ async def append_in(conn: AsyncConnection, append: Append) -> list[StoredEvent]:
     """Appends inside the caller's transaction, so other effects commit with it."""
     if not append.events:
         raise ValueError("an append needs at least one event")
-    if append.expected_seq == 0:
-        view = await _insert_run(conn, append)
-    else:
-        view = await _lock_run(conn, append)
-        view = apply_events(view, append.events)
-        await _update_run(conn, view)
-    return await _insert_events(conn, view, append)
+    # The append is the hot path of every run: plain SQL on the driver connection
+    # costs a fraction of the CPU of building statements, in the same transaction.
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None
+    async with driver.cursor(row_factory=dict_row) as cursor:
+        if append.expected_seq == 0:
+            view = await _insert_run(cursor, append)
+        else:
+            view = await _lock_run(cursor, append)
+            view = apply_events(view, append.events)
+            await _update_run(cursor, view)
+        return await _insert_events(cursor, view, append)
 
 
-async def _insert_run(conn: AsyncConnection, append: Append) -> RunView:
+_INSERT_RUN = """
+    INSERT INTO runs (run_id, tenant_id, model, priority, state, last_seq, lease_epoch,
+                      idempotency_key, request_hash, finish_reason, usage)
+    VALUES (%(run_id)s, %(tenant_id)s, %(model)s, %(priority)s, %(state)s, %(last_seq)s, 0,
+            %(idempotency_key)s, %(request_hash)s, %(finish_reason)s, %(usage)s)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id
+"""
+
+
+async def _insert_run(cursor: AsyncCursor[dict[str, Any]], append: Append) -> RunView:
     if append.new_run is None:
         raise ValueError("the first append of a run needs new_run")
     view = apply_events(RunView.new(append.run_id, append.new_run), append.events)
-    values = _view_values(view)
-    inserted = await conn.execute(
-        pg_insert(runs).values(**values).on_conflict_do_nothing().returning(runs.c.run_id)
-    )
-    if inserted.first() is None:
-        await _raise_insert_conflict(conn, append)
+    await cursor.execute(_INSERT_RUN, {**_projection(view), "model": view.model,
+                                       "tenant_id": view.tenant_id, "priority": view.priority,
+                                       "idempotency_key": view.idempotency_key,
+                                       "request_hash": view.request_hash})  # fmt: skip
+    if await cursor.fetchone() is None:
+        await _raise_insert_conflict(cursor, append)
     return view
 
 
-async def _raise_insert_conflict(conn: AsyncConnection, append: Append) -> None:
-    existing = await conn.scalar(sa.select(runs.c.last_seq).where(runs.c.run_id == append.run_id))
+async def _raise_insert_conflict(cursor: AsyncCursor[dict[str, Any]], append: Append) -> None:
+    await cursor.execute("SELECT last_seq FROM runs WHERE run_id = %s", (append.run_id,))
+    existing = await cursor.fetchone()
     if existing is not None:
-        raise ConcurrencyConflict(append.run_id, 0, existing)
+        raise ConcurrencyConflict(append.run_id, 0, existing["last_seq"])
     assert append.new_run is not None
-    other = await conn.scalar(
-        sa.select(runs.c.run_id).where(
-            runs.c.tenant_id == append.new_run.tenant_id,
-            runs.c.idempotency_key == append.new_run.idempotency_key,
-        )
+    await cursor.execute(
+        "SELECT run_id FROM runs WHERE tenant_id = %s AND idempotency_key = %s",
+        (append.new_run.tenant_id, append.new_run.idempotency_key),
     )
-    raise IdempotencyKeyTaken(append.run_id, str(other))
+    other = await cursor.fetchone()
+    raise IdempotencyKeyTaken(append.run_id, str(other["run_id"] if other else ""))
 
 
-async def _lock_run(conn: AsyncConnection, append: Append) -> RunView:
-    row = (
-        await conn.execute(sa.select(runs).where(runs.c.run_id == append.run_id).with_for_update())
-    ).first()
+async def _lock_run(cursor: AsyncCursor[dict[str, Any]], append: Append) -> RunView:
+    await cursor.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (append.run_id,))
+    row = await cursor.fetchone()
     if row is None:
         raise RunNotFound(append.run_id)
-    view = view_from_row(row._mapping)
+    view = view_from_row(row)
     if view.last_seq != append.expected_seq:
         raise ConcurrencyConflict(append.run_id, append.expected_seq, view.last_seq)
     if append.lease_epoch is not None and append.lease_epoch != view.lease_epoch:
@@ -126,40 +141,48 @@ async def _lock_run(conn: AsyncConnection, append: Append) -> RunView:
     return view
 
 
-async def _update_run(conn: AsyncConnection, view: RunView) -> None:
-    await conn.execute(
-        runs.update()
-        .where(runs.c.run_id == view.run_id)
-        .values(
-            state=str(view.state),
-            last_seq=view.last_seq,
-            usage=dict(view.usage),
-            finish_reason=view.finish_reason,
-            updated_at=sa.func.clock_timestamp(),
-        )
-    )
+_UPDATE_RUN = """
+    UPDATE runs SET state = %(state)s, last_seq = %(last_seq)s, usage = %(usage)s,
+                    finish_reason = %(finish_reason)s, updated_at = clock_timestamp()
+    WHERE run_id = %(run_id)s
+"""
+
+
+async def _update_run(cursor: AsyncCursor[dict[str, Any]], view: RunView) -> None:
+    await cursor.execute(_UPDATE_RUN, _projection(view))
+
+
+def _projection(view: RunView) -> dict[str, Any]:
+    """The columns an append changes."""
+    return {
+        "run_id": view.run_id,
+        "state": str(view.state),
+        "last_seq": view.last_seq,
+        "usage": Jsonb(dict(view.usage)),
+        "finish_reason": view.finish_reason,
+    }
 
 
 # One round trip for any number of events: the events, their outbox rows and
-# the relay's wake-up, all in the caller's transaction.
-_INSERT_EVENTS = sa.text(
-    """
+# the relay's wake-up.
+_INSERT_EVENTS = """
     WITH ev AS (
         INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
-        SELECT :run_id, :first_seq + t.n - 1, t.kind, :tenant_id, t.payload::json, :traceparent
-        FROM unnest(CAST(:kinds AS text[]), CAST(:payloads AS text[]))
-            WITH ORDINALITY AS t(kind, payload, n)
+        SELECT %(run_id)s, %(first_seq)s + t.n - 1, t.kind, %(tenant_id)s, t.payload::json,
+               %(traceparent)s
+        FROM unnest(%(kinds)s::text[], %(payloads)s::text[]) WITH ORDINALITY AS t(kind, payload, n)
         RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
     ), ob AS (
         INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev
     )
-    SELECT ev.*, pg_notify(:channel, :run_id) AS notified FROM ev ORDER BY seq
-    """
-)
+    SELECT ev.*, pg_notify(%(channel)s, %(run_id)s) AS notified FROM ev ORDER BY seq
+"""
 
 
-async def _insert_events(conn: AsyncConnection, view: RunView, append: Append) -> list[StoredEvent]:
-    result = await conn.execute(
+async def _insert_events(
+    cursor: AsyncCursor[dict[str, Any]], view: RunView, append: Append
+) -> list[StoredEvent]:
+    await cursor.execute(
         _INSERT_EVENTS,
         {
             "run_id": view.run_id,
@@ -171,18 +194,7 @@ async def _insert_events(conn: AsyncConnection, view: RunView, append: Append) -
             "channel": EVENTS_CHANNEL,
         },
     )
-    return [event_from_row(row._mapping) for row in result]
-
-
-def _view_values(view: RunView) -> dict[str, Any]:
-    values = dataclasses.asdict(view)
-    values.update(
-        state=str(view.state),
-        usage=dict(view.usage),
-        created_at=sa.func.clock_timestamp(),
-        updated_at=sa.func.clock_timestamp(),
-    )
-    return values
+    return [event_from_row(row) for row in await cursor.fetchall()]
 
 
 def view_from_row(row: Mapping[Any, Any]) -> RunView:
