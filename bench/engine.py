@@ -1,20 +1,26 @@
-"""Offline throughput: the engine against `transformers` generate() in static batches.
+"""Offline serving benchmark: the engine against `transformers`, side by side in one process.
 
-    python -m bench.engine                      # ~50M Llama, 64 requests, both sides
-    python -m bench.engine --skip-baseline --requests 16
+    python -m bench.engine            # 64 requests per workload, both baselines (long)
+    python -m bench.engine --quick    # fewer, shorter requests: under 2 minutes
 
-Workload: prompts of 16-512 random tokens, 16-128 output tokens each (EOS ignored),
-greedy, fp32. Throughput counts the output tokens each request asked for; the baseline
-pads prompts on the left and runs every batch to its longest output.
+Model: a random ~50M-parameter Llama (hidden 512, intermediate 1408, 8 layers, 8 heads,
+4 KV heads, vocab 32000), fp32. Workloads, seeded, all requests arriving at once, greedy,
+EOS ignored: "random" has prompts of 16-512 random tokens and 16-128 output tokens;
+"shared-prefix" puts one 384-token prefix before each prompt. Each runs on the engine,
+on `transformers` generate() in static batches of 8 with left padding (a batch runs to
+its longest output), and on `transformers`' continuous batching (generate_batch()'s
+manager). Throughput counts the output tokens requests asked for. TTFT is from the
+common arrival; ITL is the gap between consecutive tokens of a request. The prefix-cache
+gain is the engine's TTFT p50 on "shared-prefix" without its prefix cache over with it.
+The peak fraction is the FLOP rate of the engine's decode-only steps over the best fp32
+matmul rate measured in this run. Table on stdout, progress on stderr, and the last line
+is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,129 +29,214 @@ from typing import Any
 
 import torch
 
+from bench import hf
+from bench.timing import TokenTimes, matmul_peak_flops
+from bench.workload import Workload, decode_flops, make_model, make_workload, progress
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling import SamplingParams
-from engine.tiny import init_tiny_model
 
-# About 50M parameters, shaped like a scaled-down Llama 3.2: 12 layers of 3.8M (8 heads of 64,
-# 2 KV heads, MLP 4x) plus 4M of embeddings and LM head.
-MODEL_SHAPE: dict[str, Any] = {
-    "layers": 12,
-    "hidden": 512,
-    "heads": 8,
-    "kv_heads": 2,
-    "intermediate": 2048,
-    "vocab": 4096,
-}
+PREFIX_LEN = 384
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
+class Mix:
+    """Request counts and length ranges; shared-prefix prompts are `suffix_lens` tokens
+    after the prefix, so that whole prompts stay within 512 tokens."""
 
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-
-def make_workload(num_requests: int, vocab: int, seed: int) -> Workload:
-    rng = random.Random(seed)
-    prompts = [
-        [rng.randrange(6, vocab) for _ in range(rng.randint(16, 512))] for _ in range(num_requests)
-    ]
-    return Workload(prompts, [rng.randint(16, 128) for _ in range(num_requests)])
+    num_requests: int
+    prompt_lens: tuple[int, int]
+    suffix_lens: tuple[int, int]
+    output_lens: tuple[int, int]
 
 
-def run_engine(model_dir: Path, work: Workload, config: EngineConfig) -> dict[str, Any]:
+FULL = Mix(64, (16, 512), (16, 128), (16, 128))
+QUICK = Mix(8, (16, 256), (16, 64), (8, 32))
+HF_BATCH_SIZE = 8
+ENGINE = "engine"
+ENGINE_NO_CACHE = "engine, no prefix cache"
+HF_STATIC = f"hf generate(), static batches of {HF_BATCH_SIZE}"
+HF_CONTINUOUS = "hf generate_batch(), continuous"
+
+
+def run_engine(model_dir: Path, work: Workload, config: EngineConfig) -> TokenTimes:
     engine = LLMEngine.from_model_dir(model_dir, config)
     engine.generate([[7] * 32], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-    params = [
-        SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in work.output_lens
-    ]
-    start = time.perf_counter()
-    results = engine.generate(work.prompts, params)
-    elapsed = time.perf_counter() - start
-    assert [len(r.token_ids) for r in results] == work.output_lens
-    ttfts = sorted(r.metrics.ttft or 0.0 for r in results)
-    itls = [r.metrics.itl_mean for r in results if r.metrics.itl_mean is not None]
-    return {
-        "seconds": round(elapsed, 2),
-        "output_tokens_per_s": round(work.num_output_tokens / elapsed, 1),
-        "ttft_p50_s": round(statistics.median(ttfts), 3),
-        "ttft_p95_s": round(ttfts[int(0.95 * (len(ttfts) - 1))], 3),
-        "itl_mean_s": round(statistics.mean(itls), 4),
-        "preemptions": sum(r.metrics.num_preemptions for r in results),
-    }
+    times, _ = serve(engine, work)
+    return times
 
 
-def run_transformers(model_dir: Path, work: Workload, batch_size: int) -> dict[str, Any]:
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    _hf_batch(model, [[7] * 32], 4)  # warm-up
-    start = time.perf_counter()
-    for i in range(0, len(work.prompts), batch_size):
-        _hf_batch(
-            model, work.prompts[i : i + batch_size], max(work.output_lens[i : i + batch_size])
+def serve(engine: LLMEngine, work: Workload) -> tuple[TokenTimes, list[list[int]]]:
+    """Run the workload greedily, all requests queued at once: timings and output tokens."""
+    result = TokenTimes(start=time.perf_counter(), times=[[] for _ in work.prompts])
+    tokens: list[list[int]] = [[] for _ in work.prompts]
+    for i, (prompt, n) in enumerate(zip(work.prompts, work.output_lens, strict=True)):
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        engine.add_request(str(i), prompt, params)
+    while engine.has_unfinished_requests():
+        running = engine.batcher.running
+        decode_only = not engine.batcher.waiting and all(
+            s.num_uncomputed_tokens == 1 for s in running
         )
-    elapsed = time.perf_counter() - start
-    return {
-        "seconds": round(elapsed, 2),
-        "output_tokens_per_s": round(work.num_output_tokens / elapsed, 1),
-    }
+        context_sum = sum(s.num_tokens for s in running)
+        step_start = time.perf_counter()
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            result.times[int(out.request_id)].extend([now] * len(out.new_token_ids))
+            tokens[int(out.request_id)].extend(out.new_token_ids)
+        if decode_only and running:
+            result.decode_seconds += now - step_start
+            result.decode_tokens += len(outputs)
+            result.decode_flops += decode_flops(engine.model_config, len(outputs), context_sum)
+    result.end = time.perf_counter()
+    if [len(t) for t in tokens] != work.output_lens:
+        raise RuntimeError("the engine produced the wrong number of tokens")
+    return result, tokens
 
 
-def _hf_batch(model: Any, prompts: list[list[int]], max_new_tokens: int) -> None:
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[2] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.inference_mode():
-        model.generate(
-            ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=2
+Rows = dict[str, dict[str, Any] | None]
+
+
+def run_all(
+    model_dir: Path, work: Workload, hf_model: Any, args: argparse.Namespace
+) -> tuple[Rows, float]:
+    """Every system on one workload: system name -> summary (None where it failed), and
+    the FLOP/s of the engine's decode-only steps."""
+    config = EngineConfig(max_num_batched_tokens=args.max_batched_tokens, kv_cache_bytes=1 << 30)
+    rows: Rows = {}
+    progress(f"[{work.name}] engine")
+    engine = run_engine(model_dir, work, config)
+    rows[ENGINE] = engine.summary(work.num_output_tokens)
+    decode_rate = engine.decode_flops / max(engine.decode_seconds, 1e-9)
+    if work.name == "shared-prefix":
+        progress(f"[{work.name}] engine without prefix cache")
+        no_cache = EngineConfig(
+            max_num_batched_tokens=args.max_batched_tokens,
+            kv_cache_bytes=1 << 30,
+            enable_prefix_caching=False,
         )
+        rows[ENGINE_NO_CACHE] = run_engine(model_dir, work, no_cache).summary(
+            work.num_output_tokens
+        )
+    if args.skip_baselines:
+        return rows, decode_rate
+    progress(f"[{work.name}] {HF_STATIC}")
+    rows[HF_STATIC] = hf.run_static(hf_model, work, HF_BATCH_SIZE).summary(work.num_output_tokens)
+    progress(f"[{work.name}] {HF_CONTINUOUS}")
+    rows[HF_CONTINUOUS] = None
+    unavailable = hf.continuous_batching_api(hf_model)
+    if unavailable:
+        print(f"{work.name}: transformers continuous batching unavailable: {unavailable}")
+        return rows, decode_rate
+    try:
+        continuous = hf.run_continuous(hf_model, work, args.max_batched_tokens)
+        rows[HF_CONTINUOUS] = continuous.summary(work.num_output_tokens)
+    except Exception as exc:  # noqa: BLE001 - any failure of the baseline is reported, not fatal
+        print(f"{work.name}: transformers generate_batch() failed: {type(exc).__name__}: {exc}")
+    return rows, decode_rate
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def _figure(rows: Rows, system: str, key: str = "output_tokens_per_s") -> float | None:
+    row = rows.get(system)
+    return None if row is None else float(row[key])
+
+
+def print_table(results: dict[str, Rows]) -> None:
+    header = (
+        f"{'workload':<14} {'system':<36} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>8} {'ITL p99':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for workload, rows in results.items():
+        for system, row in rows.items():
+            if row is None:
+                print(f"{workload:<14} {system:<36} {'failed':>8}")
+                continue
+            print(
+                f"{workload:<14} {system:<36} {row['output_tokens_per_s']:>8.1f} "
+                f"{row['ttft_p50_s']:>8.3f}s {row['ttft_p99_s']:>8.3f}s "
+                f"{row['itl_p50_ms']:>6.1f}ms {row['itl_p99_ms']:>6.1f}ms"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--model", type=Path, help="model directory (default: a fresh ~50M random Llama)"
-    )
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=8, help="baseline static batch size")
+    parser.add_argument("--quick", action="store_true", help="8 short requests per workload")
+    parser.add_argument("--model", type=Path, help="model directory (default: a fresh ~50M Llama)")
     parser.add_argument("--max-batched-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--skip-baselines", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    mix = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model or init_tiny_model(Path(scratch) / "model", **MODEL_SHAPE)
+        progress("writing the model")
+        model_dir = args.model or make_model(Path(scratch) / "model")
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-        work = make_workload(args.requests, vocab, args.seed)
-        config = EngineConfig(
-            max_num_batched_tokens=args.max_batched_tokens, kv_cache_bytes=2 << 30
-        )
-        report: dict[str, Any] = {
-            "requests": args.requests,
-            "output_tokens": work.num_output_tokens,
-            "threads": torch.get_num_threads(),
-            "engine": run_engine(model_dir, work, config),
-        }
-        # The baseline takes minutes: show the engine's side as soon as it is known.
-        print(json.dumps({"engine": report["engine"]}), file=sys.stderr, flush=True)
-        if not args.skip_baseline:
-            report["transformers"] = run_transformers(model_dir, work, args.batch_size)
-            report["speedup"] = round(
-                report["transformers"]["seconds"] / report["engine"]["seconds"], 2
-            )
-    print(json.dumps(report, indent=2))
+        workloads = [
+            make_workload(
+                "random", mix.num_requests, vocab, args.seed, mix.prompt_lens, mix.output_lens
+            ),
+            make_workload(
+                "shared-prefix",
+                mix.num_requests,
+                vocab,
+                args.seed + 1,
+                mix.suffix_lens,
+                mix.output_lens,
+                prefix_len=PREFIX_LEN,
+            ),
+        ]
+        progress("measuring the matmul peak")
+        peak = matmul_peak_flops()
+        hf_model = None if args.skip_baselines else hf.load_hf_model(model_dir)
+        random_rows, decode_rate = run_all(model_dir, workloads[0], hf_model, args)
+        shared_rows, _ = run_all(model_dir, workloads[1], hf_model, args)
+    results = {"random": random_rows, "shared-prefix": shared_rows}
+    print_table(results)
+    engine_rate = _figure(random_rows, ENGINE)
+    figures = {
+        "quick": args.quick,
+        "threads": torch.get_num_threads(),
+        "requests": mix.num_requests,
+        "output_tokens": {work.name: work.num_output_tokens for work in workloads},
+        "results": results,
+        "throughput_vs_hf_static": _ratio(engine_rate, _figure(random_rows, HF_STATIC)),
+        "throughput_vs_hf_batch": _ratio(engine_rate, _figure(random_rows, HF_CONTINUOUS)),
+        "shared_prefix_vs_hf_static": _ratio(
+            _figure(shared_rows, ENGINE), _figure(shared_rows, HF_STATIC)
+        ),
+        "shared_prefix_vs_hf_batch": _ratio(
+            _figure(shared_rows, ENGINE), _figure(shared_rows, HF_CONTINUOUS)
+        ),
+        "prefix_ttft_gain": _ratio(
+            _figure(shared_rows, ENGINE_NO_CACHE, "ttft_p50_s"),
+            _figure(shared_rows, ENGINE, "ttft_p50_s"),
+        ),
+        "matmul_peak_gflops": round(peak / 1e9, 1),
+        "decode_gflops": round(decode_rate / 1e9, 1),
+        "peak_fraction": round(decode_rate / peak, 3),
+    }
+    print(
+        f"engine vs hf static: {figures['throughput_vs_hf_static']}x, "
+        f"vs hf continuous: {figures['throughput_vs_hf_batch']}x (random workload); "
+        f"prefix-cache TTFT p50 gain: {figures['prefix_ttft_gain']}x; "
+        f"decode {figures['decode_gflops']} GFLOP/s = {figures['peak_fraction']:.1%} "
+        f"of the {figures['matmul_peak_gflops']} GFLOP/s matmul peak"
+    )
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

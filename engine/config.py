@@ -10,6 +10,8 @@ from engine.errors import UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+QUANTIZATIONS = ("int8",)
+KV_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,9 @@ class EngineConfig:
 
     `num_kv_blocks` fixes the pool size; when None the pool takes `kv_cache_bytes`.
     `max_model_len` defaults to the model's `max_position_embeddings`.
+    `quantization="int8"` stores the linear layers' weights as int8 with one scale per
+    output channel (embeddings and norms stay in `dtype`). `kv_dtype` is the KV cache's
+    storage dtype; "auto" is the model's dtype. Attention still computes in the model's dtype.
     """
 
     block_size: int = 16
@@ -67,12 +72,24 @@ class EngineConfig:
     adapter_fingerprint: str = ""
     num_threads: int | None = None
     seed: int = 0
+    quantization: str | None = None
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be positive")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError("num_kv_blocks must be positive")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization {self.quantization!r} is not supported "
+                f"(supported: None, {', '.join(map(repr, QUANTIZATIONS))})"
+            )
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(
+                f"kv_dtype {self.kv_dtype!r} is not supported "
+                f"(supported: {', '.join(map(repr, KV_DTYPES))})"
+            )
 
 
 def model_config_from_hf(raw: Mapping[str, Any]) -> ModelConfig:

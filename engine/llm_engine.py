@@ -17,7 +17,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.errors import RequestError
-from engine.loader import load_model, load_model_config, load_tokenizer, resolve_dtype
+from engine.layers.quantized import quantize_int8
+from engine.loader import DTYPES, load_model, load_model_config, load_tokenizer, resolve_dtype
 from engine.model_files import model_fingerprint
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
@@ -46,6 +47,7 @@ class LLMEngine:
 
     Not thread-safe: call `add_request`, `abort` and `step` from one thread
     (`prepare_request` alone may run elsewhere). `AsyncEngine` wraps it for asyncio.
+    With `config.quantization` set, the model's linear layers are quantized in place.
     """
 
     def __init__(
@@ -65,12 +67,15 @@ class LLMEngine:
         self.max_model_len = min(
             config.max_model_len or 1 << 62, self.model_config.max_position_embeddings
         )
+        if config.quantization == "int8":
+            quantize_int8(model)
         dtype = next(model.parameters()).dtype
-        self.kv_dtype = str(dtype).removeprefix("torch.")
+        kv_dtype = dtype if config.kv_dtype == "auto" else DTYPES[config.kv_dtype]
+        self.kv_dtype = str(kv_dtype).removeprefix("torch.")
         num_blocks = config.num_kv_blocks or max(
             1,
             config.kv_cache_bytes
-            // kv_cache_bytes_per_block(self.model_config, config.block_size, dtype),
+            // kv_cache_bytes_per_block(self.model_config, config.block_size, kv_dtype),
         )
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching
@@ -81,7 +86,7 @@ class LLMEngine:
             min(config.max_num_seqs, config.max_num_batched_tokens),
             watermark_blocks=max(1, num_blocks // 100),
         )
-        self.runner = ModelRunner(model, config.block_size, num_blocks, dtype)
+        self.runner = ModelRunner(model, config.block_size, num_blocks, dtype, kv_dtype)
         self._clock = clock
         self._requests: dict[str, PreparedRequest] = {}
         self._pending_outputs: list[RequestOutput] = []
@@ -312,5 +317,6 @@ class LLMEngine:
             adapter_fingerprint=self.config.adapter_fingerprint,
             kv_dtype=self.kv_dtype,
             block_size=self.config.block_size,
+            quantization=self.config.quantization or "",
         )
         return key.root()

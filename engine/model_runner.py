@@ -24,15 +24,21 @@ class ModelRunner:
     """Owns the model and its KV cache tensors; turns a StepPlan into sampled tokens."""
 
     def __init__(
-        self, model: LlamaForCausalLM, block_size: int, num_blocks: int, dtype: torch.dtype
+        self,
+        model: LlamaForCausalLM,
+        block_size: int,
+        num_blocks: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype` is the model's; the KV cache stores `kv_dtype` (default: `dtype`)."""
         cfg = model.config
         self.model = model
         self.shape = AttentionShape(block_size, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads)
         slots = num_blocks * block_size
         # One tensor per layer: [2 (keys, values), KVH, slots, D].
         self.kv_caches = [
-            torch.zeros(2, cfg.num_kv_heads, slots, cfg.head_dim, dtype=dtype)
+            torch.zeros(2, cfg.num_kv_heads, slots, cfg.head_dim, dtype=kv_dtype or dtype)
             for _ in range(cfg.num_layers)
         ]
         self.workspace = Workspace(dtype)

@@ -16,7 +16,8 @@ class PrefixKey:
     """Everything that must match for two requests to share cached KV blocks.
 
     `namespace` is the caller's security domain (a tenant); the rest pins the numbers
-    stored in a block to the model, tokenizer, chat template, adapter, KV dtype and block size.
+    stored in a block to the model, tokenizer, chat template, adapter, KV dtype, block size
+    and weight quantization.
     """
 
     namespace: str
@@ -26,6 +27,7 @@ class PrefixKey:
     adapter_fingerprint: str
     kv_dtype: str
     block_size: int
+    quantization: str = ""
 
     def root(self) -> bytes:
         """The hash every chain of this key starts from."""

@@ -100,19 +100,25 @@ def init_tiny_model(
     tie_word_embeddings: bool = False,
     attention_bias: bool = False,
     num_shards: int = 1,
+    model_vocab: int | None = None,
 ) -> Path:
     """Write config, random weights, a trained byte-level BPE tokenizer and a chat template.
 
     `architecture` is "llama" or "qwen2" (q/k/v biases). The config's vocabulary size is
-    the trained tokenizer's, at most `vocab`.
+    the trained tokenizer's, at most `vocab`, unless `model_vocab` sets a larger one: the
+    embedding and LM head then have rows for ids the tokenizer never produces.
     """
     root = Path(model_dir)
     root.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(vocab)
     tokenizer.save(str(root / "tokenizer.json"))
+    if model_vocab is not None and model_vocab < tokenizer.get_vocab_size():
+        raise ValueError(
+            f"model_vocab {model_vocab} is smaller than the tokenizer's {tokenizer.get_vocab_size()}"
+        )
     config = _config(
         architecture,
-        tokenizer.get_vocab_size(),
+        model_vocab or tokenizer.get_vocab_size(),
         layers,
         hidden,
         heads,

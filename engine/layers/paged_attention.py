@@ -14,19 +14,24 @@ from torch import nn
 
 
 class Workspace:
-    """A reusable gather buffer: fresh large allocations page-fault on every step."""
+    """Reusable buffers, one per dtype: fresh large allocations page-fault on every step.
+
+    `dtype` is the dtype attention computes in.
+    """
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self._buffer = torch.empty(0, dtype=dtype)
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
 
-    def buffer(self, shape: tuple[int, ...]) -> torch.Tensor:
+    def buffer(self, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or self.dtype
         numel = 1
         for size in shape:
             numel *= size
-        if self._buffer.numel() < numel:
-            self._buffer = torch.empty(numel, dtype=self.dtype)
-        return self._buffer[:numel].view(shape)
+        current = self._buffers.get(dtype)
+        if current is None or current.numel() < numel:
+            current = self._buffers[dtype] = torch.empty(numel, dtype=dtype)
+        return current[:numel].view(shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +84,12 @@ class PagedAttention(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """q: [T, H, D], k/v: [T, KVH, D], kv_cache: [2, KVH, slots, D] -> [T, H * D]."""
-        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        """q: [T, H, D], k/v: [T, KVH, D], kv_cache: [2, KVH, slots, D] -> [T, H * D].
+
+        The cache may store a narrower dtype than q/k/v; it is widened back on reading.
+        """
+        kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
+        kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
         out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
         for group in meta.decode_groups:
             end = group.token_start + group.num_seqs
@@ -97,12 +105,16 @@ class PagedAttention(nn.Module):
     def _gather(
         self, kv_cache: torch.Tensor, block_index: torch.Tensor, workspace: Workspace
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the listed blocks, each [KVH, len(block_index) * block_size, D]."""
+        """Keys and values of the listed blocks, each [KVH, len(block_index) * block_size, D],
+        in the workspace's dtype."""
         kvh, row = self.num_kv_heads, self.block_size * self.head_dim
         # Keys and values of every head in one copy: [2 * KVH, blocks, block_size * D].
         blocks = kv_cache.view(2 * kvh, -1, row)
-        gathered = workspace.buffer((2 * kvh, block_index.numel(), row))
+        shape = (2 * kvh, block_index.numel(), row)
+        gathered = workspace.buffer(shape, kv_cache.dtype)
         torch.index_select(blocks, 1, block_index, out=gathered)
+        if gathered.dtype != workspace.dtype:
+            gathered = workspace.buffer(shape).copy_(gathered)
         both = gathered.view(2, kvh, -1, self.head_dim)
         return both[0], both[1]
 
@@ -132,6 +144,8 @@ class PagedAttention(nn.Module):
     ) -> torch.Tensor:
         queries = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if span.mask is None:
+            # A first chunk reads its own fresh keys and values: full precision even when
+            # the cache stores them narrower.
             keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
             out = F.scaled_dot_product_attention(
                 queries,

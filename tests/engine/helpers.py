@@ -18,12 +18,16 @@ from engine.sequence import Sequence as Seq
 
 
 def paged_logits(
-    model: LlamaForCausalLM, token_ids: list[int], chunks: Sequence[int], block_size: int = 4
+    model: LlamaForCausalLM,
+    token_ids: list[int],
+    chunks: Sequence[int],
+    block_size: int = 4,
+    kv_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Logits [len(token_ids), V] computed chunk by chunk through a fresh paged KV cache."""
     assert sum(chunks) == len(token_ids)
     num_blocks = -(-len(token_ids) // block_size) + 2
-    runner = ModelRunner(model, block_size, num_blocks, torch.float32)
+    runner = ModelRunner(model, block_size, num_blocks, torch.float32, kv_dtype)
     manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     seq = Seq("parity", token_ids, SamplingParams())
     logits = []

@@ -1,0 +1,62 @@
+"""Latency and throughput figures from per-token timestamps, and the machine's matmul peak."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class TokenTimes:
+    """When each output token of each request appeared; every request arrived at `start`.
+
+    `decode_*` cover the steps in which every scheduled sequence decoded one token.
+    """
+
+    start: float
+    times: list[list[float]]
+    end: float = 0.0
+    decode_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_flops: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def summary(self, num_output_tokens: int) -> dict[str, float]:
+        ttfts = [t[0] - self.start for t in self.times if t]
+        itls = [b - a for t in self.times for a, b in zip(t, t[1:], strict=False)]
+        seconds = self.end - self.start
+        return {
+            "seconds": round(seconds, 2),
+            "output_tokens_per_s": round(num_output_tokens / seconds, 1),
+            "ttft_p50_s": round(percentile(ttfts, 50), 3),
+            "ttft_p99_s": round(percentile(ttfts, 99), 3),
+            "itl_p50_ms": round(1e3 * percentile(itls, 50), 1),
+            "itl_p99_ms": round(1e3 * percentile(itls, 99), 1),
+            **self.extra,
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks, as numpy's default; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s of a square matmul with the current thread count."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    torch.mm(a, b, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best

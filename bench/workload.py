@@ -1,0 +1,85 @@
+"""The benchmarks' model and request mixes: a ~50M-parameter random Llama, seeded prompts."""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.config import ModelConfig
+from engine.tiny import init_tiny_model
+
+# 8 layers of 2.95M (8 heads of 64, 4 KV heads, MLP 1408) plus 2 x 16.4M of embedding and
+# LM head over a 32000-token vocabulary: 56M parameters. The tokenizer stays the small
+# trained one; workloads draw ids from the whole vocabulary.
+MODEL_SHAPE: dict[str, Any] = {
+    "layers": 8,
+    "hidden": 512,
+    "intermediate": 1408,
+    "heads": 8,
+    "kv_heads": 4,
+    "model_vocab": 32000,
+}
+# Ids below this are the tokenizer's special tokens (BOS, EOS, PAD ...).
+FIRST_ORDINARY_ID = 6
+
+
+def make_model(model_dir: Path) -> Path:
+    return init_tiny_model(model_dir, **MODEL_SHAPE)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def make_workload(
+    name: str,
+    num_requests: int,
+    vocab: int,
+    seed: int,
+    prompt_lens: tuple[int, int],
+    output_lens: tuple[int, int],
+    prefix_len: int = 0,
+) -> Workload:
+    """Random prompts with lengths uniform in `prompt_lens` (inclusive), each after the
+    same `prefix_len` random tokens; output lengths uniform in `output_lens`."""
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(FIRST_ORDINARY_ID, vocab) for _ in range(n)]
+
+    prefix = tokens(prefix_len)
+    prompts = [prefix + tokens(rng.randint(*prompt_lens)) for _ in range(num_requests)]
+    return Workload(name, prompts, [rng.randint(*output_lens) for _ in range(num_requests)])
+
+
+def linear_params(cfg: ModelConfig) -> int:
+    """Weights every token multiplies through: the decoder's projections and the LM head."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
+    per_layer += 3 * cfg.hidden_size * cfg.intermediate_size
+    return cfg.num_layers * per_layer + cfg.hidden_size * cfg.vocab_size
+
+
+def decode_flops(cfg: ModelConfig, num_tokens: int, context_sum: int) -> float:
+    """FLOPs of `num_tokens` decode steps whose contexts add up to `context_sum` positions:
+    2 per weight, plus q.k and p.v over the context for every head of every layer."""
+    attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context_sum
+    return 2.0 * linear_params(cfg) * num_tokens + attention
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

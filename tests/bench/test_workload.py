@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.timing import TokenTimes, percentile
+from bench.workload import FIRST_ORDINARY_ID, decode_flops, linear_params, make_workload
+from engine.layers.linear import Linear
+from engine.loader import load_model, load_model_config
+from engine.tiny import init_tiny_model
+
+
+def test_a_workload_is_seeded_and_within_its_ranges() -> None:
+    work = make_workload("w", 32, 1000, 7, (16, 40), (3, 9), prefix_len=20)
+    assert work == make_workload("w", 32, 1000, 7, (16, 40), (3, 9), prefix_len=20)
+    assert all(36 <= len(p) <= 60 for p in work.prompts)
+    assert all(p[:20] == work.prompts[0][:20] for p in work.prompts)
+    assert all(FIRST_ORDINARY_ID <= t < 1000 for p in work.prompts for t in p)
+    assert all(3 <= n <= 9 for n in work.output_lens)
+
+
+def test_linear_params_counts_every_linear_weight(tmp_path: Path) -> None:
+    tiny_dir = init_tiny_model(tmp_path, model_vocab=1000)
+    config = load_model_config(tiny_dir)
+    model = load_model(tiny_dir, config, 4, torch.float32)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
+    assert linear_params(config) == weights
+    assert decode_flops(config, 2, 0) == 4 * weights
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    assert percentile([], 50) == 0.0
+
+
+def test_token_times_summary() -> None:
+    times = TokenTimes(start=10.0, times=[[11.0, 11.5, 12.0], [12.0, 13.0]], end=14.0)
+    summary = times.summary(num_output_tokens=6)
+    assert summary["output_tokens_per_s"] == 1.5
+    assert summary["ttft_p50_s"] == 1.5
+    assert summary["itl_p50_ms"] == 500.0
