@@ -112,6 +112,14 @@ def assert_endpoints_answer(endpoints: dict[str, str]) -> None:
     socket.create_connection((host, int(port)), timeout=5).close()
 
 
+def command_line(process: psutil.Process) -> str:
+    # Short-lived server children (e.g. a PostgreSQL backend) may be gone by now.
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def test_infra_up_prints_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data_dir = tmp_path / "infra"
     # The command must start its own servers here, whatever the suite runs against.
@@ -134,7 +142,7 @@ def test_infra_up_prints_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) 
         assert json.loads((data_dir / "infra.json").read_text()) == endpoints
         assert_endpoints_answer(endpoints)
         children = psutil.Process(process.pid).children(recursive=True)
-        names = " ".join(" ".join(child.cmdline()) for child in children)
+        names = " ".join(command_line(child) for child in children)
         assert "postgres" in names and "tansu" in names
 
         process.send_signal(signal.SIGTERM)
