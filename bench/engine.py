@@ -1,7 +1,7 @@
 """Offline serving benchmark: the engine against `transformers`, side by side in one process.
 
-    python -m bench.engine            # 64 requests per workload, both baselines (long)
-    python -m bench.engine --quick    # fewer, shorter requests: under 2 minutes
+    python -m bench.engine            # 64 requests per workload (16 min on 2 cores)
+    python -m bench.engine --quick    # 8 shorter requests per workload (1 min)
 
 Model: a random ~50M-parameter Llama (hidden 512, intermediate 1408, 8 layers, 8 heads,
 4 KV heads, vocab 32000), fp32. Workloads, seeded, all requests arriving at once, greedy,
