@@ -1,4 +1,7 @@
-"""SQLAlchemy Core tables: the one place the schema is named in Python.
+"""SQLAlchemy Core tables for the queries built with SQLAlchemy.
+
+The event append and the consumer tracking rows use plain SQL (eventstore.py,
+consumer.py): they are the hot paths.
 
 The schema itself changes only through the Alembic migrations in migrations/.
 """
@@ -48,15 +51,6 @@ outbox = sa.Table(
     sa.Column("id", sa.BigInteger, primary_key=True),
     sa.Column("run_id", sa.Text, nullable=False),
     sa.Column("seq", sa.BigInteger, nullable=False),
-)
-
-consumer_tracking = sa.Table(
-    "consumer_tracking",
-    metadata,
-    sa.Column("consumer", sa.Text, primary_key=True),
-    sa.Column("run_id", sa.Text, primary_key=True),
-    sa.Column("seq", sa.BigInteger, primary_key=True),
-    sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 tenants = sa.Table(
