@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from engine.config import KV_DTYPES, QUANTIZATIONS
 from engine.errors import EngineError
 
 
@@ -56,6 +57,15 @@ def _register_engine(subparsers: Any) -> None:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument(
+        "--quantization",
+        choices=["none", *QUANTIZATIONS],
+        default="none",
+        help="int8: weight-only, one scale per output channel",
+    )
+    gen.add_argument(
+        "--kv-dtype", choices=KV_DTYPES, default="auto", help="KV cache dtype (auto: the model's)"
+    )
     gen.add_argument(
         "--json", action="store_true", help='print {"token_ids": [...], "text": "..."}'
     )
@@ -110,7 +120,13 @@ def _generate(args: argparse.Namespace) -> int:
         # A pool sized for this one request: nothing else will run.
         block_size = 16
         blocks = -(-(len(prompt) + args.max_tokens) // block_size) + 1
-        config = EngineConfig(num_threads=args.threads, block_size=block_size, num_kv_blocks=blocks)
+        config = EngineConfig(
+            num_threads=args.threads,
+            block_size=block_size,
+            num_kv_blocks=blocks,
+            quantization=None if args.quantization == "none" else args.quantization,
+            kv_dtype=args.kv_dtype,
+        )
         engine = LLMEngine.from_model_dir(args.model, config)
         engine.add_request("cli", prompt, params)
     except EngineError as exc:

@@ -41,6 +41,13 @@ def env_float(name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env_str(name, default)
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def env_map(name: str, default: str = "") -> dict[str, str]:
     """Parses `key=value,key2=value2`."""
     raw = os.environ.get(name, default)

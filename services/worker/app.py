@@ -9,9 +9,16 @@ import grpc
 import structlog
 
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
+from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
 from engine.llm_engine import LLMEngine
-from services.core.config import CommonSettings, ConfigError, env_int, env_map, env_str
+from services.core.config import (
+    CommonSettings,
+    ConfigError,
+    env_choice,
+    env_int,
+    env_map,
+    env_str,
+)
 from services.core.db import create_engine
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
@@ -53,10 +60,18 @@ class WorkerSettings:
                 block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
                 num_kv_blocks=env_int("TOLLGATE_KV_BLOCKS", 512),
                 max_num_batched_tokens=env_int("TOLLGATE_MAX_BATCHED_TOKENS", 512),
+                quantization=_optional(
+                    env_choice("TOLLGATE_QUANTIZATION", "none", ("none", *QUANTIZATIONS))
+                ),
+                kv_dtype=env_choice("TOLLGATE_KV_DTYPE", "auto", KV_DTYPES),
             ),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
         )
+
+
+def _optional(choice: str) -> str | None:
+    return None if choice == "none" else choice
 
 
 async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> None:

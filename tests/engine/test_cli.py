@@ -92,3 +92,32 @@ def test_generate_reports_a_bad_model_dir(
 ) -> None:
     assert main(["engine", "generate", "--model", str(tmp_path), "--prompt", "x"]) == 1
     assert "config.json" in capsys.readouterr().err
+
+
+def test_generate_with_int8_weights_and_a_bf16_cache(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["engine", "generate", "--model", str(tiny_dir), "--prompt", "hi"]
+    flags = ["--max-tokens", "6", "--ignore-eos", "--json"]
+    assert main([*argv, *flags, "--quantization", "int8", "--kv-dtype", "bfloat16"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 6
+
+
+def test_generate_rejects_an_unknown_quantization(
+    tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "engine",
+                "generate",
+                "--model",
+                str(tiny_dir),
+                "--prompt",
+                "x",
+                "--quantization",
+                "int4",
+            ]
+        )
+    assert exit_info.value.code == 2
+    assert "--quantization" in capsys.readouterr().err

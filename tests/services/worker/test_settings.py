@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from services.core.config import ConfigError
+from services.worker.app import WorkerSettings
+
+
+@pytest.fixture
+def worker_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("TOLLGATE_DATABASE_URL", "postgresql+psycopg://localhost/x")
+    monkeypatch.setenv("TOLLGATE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    monkeypatch.setenv("TOLLGATE_MODELS", "tiny=/models/tiny")
+    for name in ("TOLLGATE_QUANTIZATION", "TOLLGATE_KV_DTYPE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_the_engine_defaults_to_full_precision(worker_env: pytest.MonkeyPatch) -> None:
+    engine = WorkerSettings.from_env().engine
+    assert (engine.quantization, engine.kv_dtype) == (None, "auto")
+
+
+def test_quantization_and_kv_dtype_come_from_the_environment(
+    worker_env: pytest.MonkeyPatch,
+) -> None:
+    worker_env.setenv("TOLLGATE_QUANTIZATION", "int8")
+    worker_env.setenv("TOLLGATE_KV_DTYPE", "bfloat16")
+    engine = WorkerSettings.from_env().engine
+    assert (engine.quantization, engine.kv_dtype) == ("int8", "bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("TOLLGATE_QUANTIZATION", "int4"), ("TOLLGATE_KV_DTYPE", "float16")]
+)
+def test_an_unknown_value_names_the_variable(
+    worker_env: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    worker_env.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        WorkerSettings.from_env()
