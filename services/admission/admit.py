@@ -11,7 +11,7 @@ from services.admission.requests import GenerateParams
 from services.core.errors import NotFound, QuotaExceeded
 from services.core.eventstore import Append, append_in, view_from_row
 from services.core.runs import NewEvent, NewRun, RunState, RunView
-from services.core.schema import kv_reservations, runs, tenants
+from services.core.schema import runs, tenants
 
 QUOTA_RETRY_SECONDS = 2.0
 
@@ -41,12 +41,13 @@ class Admission:
 
 
 async def admit(engine: AsyncEngine, admission: Admission) -> None:
-    """Checks the tenant's quotas, reserves KV blocks and appends `queued`.
+    """Appends `queued`, then checks the tenant's quotas and reserves KV blocks.
 
-    Raises QuotaExceeded, or IdempotencyKeyTaken when another run holds the key.
+    Raises QuotaExceeded, or IdempotencyKeyTaken when another run holds the key. The
+    tenant row lock serializes this tenant's admissions, so it is taken last: held for
+    one statement and the commit, not for the whole transaction.
     """
     async with engine.begin() as conn:
-        await _check_quotas(conn, admission)
         new_run = NewRun(
             tenant_id=admission.tenant_id,
             model=admission.params.model,
@@ -58,19 +59,30 @@ async def admit(engine: AsyncEngine, admission: Admission) -> None:
         await append_in(
             conn, Append(admission.run_id, 0, [event], new_run, None, admission.traceparent)
         )
-        await conn.execute(
-            kv_reservations.insert().values(
-                run_id=admission.run_id,
-                tenant_id=admission.tenant_id,
-                num_blocks=admission.num_blocks,
-                reserved_at=sa.func.clock_timestamp(),
-            )
-        )
+        await _reserve(conn, admission)
 
 
-async def _check_quotas(conn: AsyncConnection, admission: Admission) -> None:
-    # The tenant row lock serializes this tenant's admissions, so two runs
-    # cannot both squeeze under the same quota.
+# Counts the tenant's open reservations and inserts this run's when both quotas allow it.
+# A statement of its own after the lock: its snapshot sees every reservation committed
+# by the admissions that held the lock before.
+_RESERVE = sa.text(
+    """
+    WITH open AS (
+        SELECT coalesce(sum(num_blocks), 0) AS blocks, count(*) AS runs
+        FROM kv_reservations WHERE tenant_id = :tenant_id AND released_at IS NULL
+    ), reserved AS (
+        INSERT INTO kv_reservations (run_id, tenant_id, num_blocks, reserved_at)
+        SELECT :run_id, :tenant_id, :num_blocks, clock_timestamp() FROM open
+        WHERE (:max_blocks = 0 OR open.blocks + :num_blocks <= :max_blocks)
+          AND (:max_runs = 0 OR open.runs < :max_runs)
+        RETURNING 1
+    )
+    SELECT open.blocks, open.runs, EXISTS (SELECT FROM reserved) AS reserved FROM open
+    """
+)
+
+
+async def _reserve(conn: AsyncConnection, admission: Admission) -> None:
     tenant = (
         await conn.execute(
             sa.select(tenants.c.max_kv_blocks, tenants.c.max_concurrent_runs)
@@ -80,28 +92,32 @@ async def _check_quotas(conn: AsyncConnection, admission: Admission) -> None:
     ).first()
     if tenant is None:
         raise NotFound(f"tenant {admission.tenant_id} does not exist")
-    open_blocks, open_runs = (
+    max_blocks, max_runs = tenant.max_kv_blocks or 0, tenant.max_concurrent_runs or 0
+    open_blocks, open_runs, reserved = (
         await conn.execute(
-            sa.select(
-                sa.func.coalesce(sa.func.sum(kv_reservations.c.num_blocks), 0), sa.func.count()
-            ).where(
-                kv_reservations.c.tenant_id == admission.tenant_id,
-                kv_reservations.c.released_at.is_(None),
-            )
+            _RESERVE,
+            {
+                "tenant_id": admission.tenant_id,
+                "run_id": admission.run_id,
+                "num_blocks": admission.num_blocks,
+                "max_blocks": max_blocks,
+                "max_runs": max_runs,
+            },
         )
     ).one()
-    if tenant.max_kv_blocks and open_blocks + admission.num_blocks > tenant.max_kv_blocks:
+    if reserved:
+        return
+    if max_blocks and open_blocks + admission.num_blocks > max_blocks:
         raise QuotaExceeded(
-            f"KV quota: {open_blocks} of {tenant.max_kv_blocks} blocks reserved, this run needs {admission.num_blocks}",
+            f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_blocks}",
             subject=f"tenant:{admission.tenant_id}:kv_blocks",
             retry_after=QUOTA_RETRY_SECONDS,
         )
-    if tenant.max_concurrent_runs and open_runs >= tenant.max_concurrent_runs:
-        raise QuotaExceeded(
-            f"concurrency quota: {open_runs} of {tenant.max_concurrent_runs} runs in flight",
-            subject=f"tenant:{admission.tenant_id}:concurrent_runs",
-            retry_after=QUOTA_RETRY_SECONDS,
-        )
+    raise QuotaExceeded(
+        f"concurrency quota: {open_runs} of {max_runs} runs in flight",
+        subject=f"tenant:{admission.tenant_id}:concurrent_runs",
+        retry_after=QUOTA_RETRY_SECONDS,
+    )
 
 
 async def find_by_idempotency_key(engine: AsyncEngine, tenant_id: str, key: str) -> RunView | None:

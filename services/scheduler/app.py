@@ -107,6 +107,9 @@ class SchedulerApp:
         await self.clients.close()
 
 
+_TRIGGER_WAIT_S = 30.0
+
+
 def create_server(
     listen: str, app: SchedulerApp
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
@@ -116,7 +119,14 @@ def create_server(
     return core_server.create_server(listen, add)
 
 
-async def _announce(listen: str, port: int) -> None:
+async def _announce(listen: str, port: int, trigger_ready: asyncio.Event) -> None:
+    """Prints READY once the Kafka trigger holds its partitions, so that runs queued after
+    start-up are dispatched at once rather than at the next rescan. A broker that does not
+    answer delays READY by at most `_TRIGGER_WAIT_S`: the rescan keeps the scheduler working."""
+    try:
+        await asyncio.wait_for(trigger_ready.wait(), _TRIGGER_WAIT_S)
+    except TimeoutError:
+        log.warning("announcing before the Kafka trigger joined", waited_s=_TRIGGER_WAIT_S)
     # The launcher reads the port from this line when TOLLGATE_LISTEN ends in :0.
     host = listen.rpartition(":")[0] or "127.0.0.1"
     print(f"READY {host}:{port}", flush=True, file=sys.stdout)
@@ -139,7 +149,7 @@ async def serve(settings: SchedulerSettings) -> None:
             server,
             health_servicer,
             [SERVICE_NAME],
-            [*app.background(), _announce(settings.common.listen, port)],
+            [*app.background(), _announce(settings.common.listen, port, app.trigger.ready)],
         )
     finally:
         await app.close()

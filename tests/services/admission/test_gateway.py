@@ -8,6 +8,10 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from services.admission.admit import Admission as NewAdmission
+from services.admission.admit import admit
+from services.admission.requests import GenerateParams, Sampling
+from services.core.errors import QuotaExceeded
 from tests.services.admission.conftest import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
 from tollgate.v1 import events_pb2, gateway_pb2
@@ -293,6 +297,28 @@ async def test_kv_quota_is_enforced(admission: Admission) -> None:
         "google.rpc.RetryInfo",
     }
     assert await count_runs(admission) == 1
+
+
+async def test_concurrent_admissions_never_exceed_the_quotas(admission: Admission) -> None:
+    tenant_id, _ = await admission.new_tenant_key("busy")
+    await admission.tenants.set_quota(tenant_id, max_kv_blocks=0, max_concurrent_runs=3)
+
+    async def one(i: int) -> str:
+        params = GenerateParams(
+            MODEL, f"run {i}", (), Sampling(max_tokens=4), "interactive", "", 60
+        )
+        try:
+            await admit(
+                admission.engine, NewAdmission(f"run_{i:032d}", tenant_id, params, [1, 2], 1)
+            )
+        except QuotaExceeded as refused:
+            return str(refused)
+        return "admitted"
+
+    outcomes = await asyncio.gather(*(one(i) for i in range(16)))
+    assert outcomes.count("admitted") == 3
+    assert all("concurrency quota: 3 of 3" in o for o in outcomes if o != "admitted")
+    assert await count_runs(admission) == 3
 
 
 async def test_list_runs_pages_through_everything(admission: Admission) -> None:
