@@ -21,7 +21,6 @@ from services.core.config import (
 )
 from services.core.db import create_engine
 from services.core.eventstore import EventStore
-from services.core.relay import OutboxRelay
 from services.core.server import create_server, serve, start_metrics
 from services.core.telemetry import configure_logging, configure_tracing
 from services.worker.appender import StepAppender
@@ -64,6 +63,7 @@ class WorkerSettings:
                     env_choice("TOLLGATE_QUANTIZATION", "none", ("none", *QUANTIZATIONS))
                 ),
                 kv_dtype=env_choice("TOLLGATE_KV_DTYPE", "auto", KV_DTYPES),
+                num_threads=env_int("TOLLGATE_ENGINE_THREADS", 0) or None,
             ),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
@@ -132,10 +132,9 @@ async def main() -> None:
     server, port, health = create_server(settings.common.listen, add_servicers)
     host = settings.common.listen.rsplit(":", 1)[0]
     address = f"{host}:{port}"
-    background = [
-        appender.run(),
-        OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
-    ]
+    # No outbox relay here: the other services run one, and the engine thread would
+    # share this process's GIL with it.
+    background = [appender.run()]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", address)

@@ -84,15 +84,16 @@ class StepAppender:
     def _events_by_run(
         self, outputs: Sequence[RequestOutput]
     ) -> dict[str, tuple[list[NewEvent], bool]]:
-        pending: dict[str, tuple[list[NewEvent], bool]] = {}
+        by_run: dict[str, list[RequestOutput]] = {}
         for output in outputs:
-            run = self.runs.get(output.request_id)
-            if run is None:
-                continue
-            events, finished = pending.get(output.request_id, ([], False))
-            events.extend(step_events(run, output))
-            pending[output.request_id] = (events, finished or output.finished)
-        return {run_id: value for run_id, value in pending.items() if value[0]}
+            if output.request_id in self.runs:
+                by_run.setdefault(output.request_id, []).append(output)
+        pending: dict[str, tuple[list[NewEvent], bool]] = {}
+        for run_id, run_outputs in by_run.items():
+            events = step_events(self.runs[run_id], run_outputs)
+            if events:
+                pending[run_id] = (events, run_outputs[-1].finished)
+        return pending
 
     async def fail_runs(self, run_ids: set[str], message: str) -> None:
         """Ends runs whose events could not be stored: each gets `failed`, best effort."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,18 +36,20 @@ def usage_of(metrics: RequestMetrics) -> dict[str, Any]:
     }
 
 
-def step_events(run: AssignedRun, output: RequestOutput) -> list[NewEvent]:
-    """`streaming` for new tokens, then the terminal event if the request finished."""
+def step_events(run: AssignedRun, outputs: Sequence[RequestOutput]) -> list[NewEvent]:
+    """One `streaming` event for the new tokens of a run's consecutive step outputs, then
+    the terminal event if the last of them finished the request.
+
+    Steps that piled up behind a slow append become one event instead of one each, so
+    the more loaded the pipeline, the fewer events it has to carry.
+    """
     events = []
-    if output.new_token_ids:
-        events.append(
-            NewEvent(
-                RunState.STREAMING,
-                {"token_ids": list(output.new_token_ids), "text": output.text_delta},
-            )
-        )
-    if output.finished:
-        events.append(terminal_event(run, output))
+    token_ids = [token for output in outputs for token in output.new_token_ids]
+    if token_ids:
+        text = "".join(output.text_delta for output in outputs)
+        events.append(NewEvent(RunState.STREAMING, {"token_ids": token_ids, "text": text}))
+    if outputs and outputs[-1].finished:
+        events.append(terminal_event(run, outputs[-1]))
     return events
 
 

@@ -11,14 +11,14 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setenv("TOLLGATE_DATABASE_URL", "postgresql+psycopg://localhost/x")
     monkeypatch.setenv("TOLLGATE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     monkeypatch.setenv("TOLLGATE_MODELS", "tiny=/models/tiny")
-    for name in ("TOLLGATE_QUANTIZATION", "TOLLGATE_KV_DTYPE"):
+    for name in ("TOLLGATE_QUANTIZATION", "TOLLGATE_KV_DTYPE", "TOLLGATE_ENGINE_THREADS"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
 
 def test_the_engine_defaults_to_full_precision(worker_env: pytest.MonkeyPatch) -> None:
     engine = WorkerSettings.from_env().engine
-    assert (engine.quantization, engine.kv_dtype) == (None, "auto")
+    assert (engine.quantization, engine.kv_dtype, engine.num_threads) == (None, "auto", None)
 
 
 def test_quantization_and_kv_dtype_come_from_the_environment(
@@ -26,8 +26,9 @@ def test_quantization_and_kv_dtype_come_from_the_environment(
 ) -> None:
     worker_env.setenv("TOLLGATE_QUANTIZATION", "int8")
     worker_env.setenv("TOLLGATE_KV_DTYPE", "bfloat16")
+    worker_env.setenv("TOLLGATE_ENGINE_THREADS", "1")
     engine = WorkerSettings.from_env().engine
-    assert (engine.quantization, engine.kv_dtype) == ("int8", "bfloat16")
+    assert (engine.quantization, engine.kv_dtype, engine.num_threads) == ("int8", "bfloat16", 1)
 
 
 @pytest.mark.parametrize(
