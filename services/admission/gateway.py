@@ -68,11 +68,12 @@ class Gateway:
     async def submit(self, tenant_id: str, params: GenerateParams) -> str:
         """Admits a new run, or returns the run this idempotency key already names."""
         validate(params, self.catalog.names(), self.config.limits)
-        if params.idempotency_key:
-            existing = await find_by_idempotency_key(self.engine, tenant_id, params.idempotency_key)
+        # A key seen before is found when admitting conflicts on it: new keys, the common
+        # case, cost no extra query.
+        if self.queue_depth is not None and self.queue_depth.value > self.config.max_queue_depth:
+            existing = await self._existing(tenant_id, params)
             if existing is not None:
                 return self._same_request(existing, params)
-        if self.queue_depth is not None and self.queue_depth.value > self.config.max_queue_depth:
             raise Unavailable("the queue is full; retry later", retry_after=1.0)
         model = self.catalog.get(params.model)
         prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
@@ -97,9 +98,7 @@ class Gateway:
             try:
                 await admit(self.engine, admission)
             except IdempotencyKeyTaken:
-                existing = await find_by_idempotency_key(
-                    self.engine, tenant_id, params.idempotency_key
-                )
+                existing = await self._existing(tenant_id, params)
                 assert existing is not None
                 return self._same_request(existing, params)
         ADMITTED.labels(params.model, params.priority).inc()
@@ -117,6 +116,11 @@ class Gateway:
         for task in list(self._pending_cancels):
             task.cancel()
         await asyncio.gather(*self._pending_cancels, return_exceptions=True)
+
+    async def _existing(self, tenant_id: str, params: GenerateParams) -> RunView | None:
+        if not params.idempotency_key:
+            return None
+        return await find_by_idempotency_key(self.engine, tenant_id, params.idempotency_key)
 
     def _same_request(self, existing: RunView, params: GenerateParams) -> str:
         if existing.request_hash != params.request_hash():

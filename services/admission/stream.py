@@ -3,8 +3,8 @@
 The live tail subscribes before the catch-up read, so nothing committed in
 between is missed; a live event that is not the next seq (Kafka redelivery,
 lag, or a lost record) sends the reader back to the event store, which is the
-truth.  With nothing live for `poll_interval` the store is read again, so a
-stalled relay or broker slows a stream down but never stops it.
+truth.  With nothing live for a while the store is read again, so a stalled
+relay or broker slows a stream down but never stops it.
 """
 
 from __future__ import annotations
@@ -84,9 +84,16 @@ async def stream_events(
     stop_kinds: Collection[RunState],
     *,
     poll_interval: float = 0.5,
+    max_poll_interval: float = 2.0,
 ) -> AsyncIterator[events_pb2.RunEvent]:
-    """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`."""
-    last = after_seq
+    """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`.
+
+    A run that stays silent (queued behind others, or a stalled relay) is re-read from
+    the store after `poll_interval`, then twice as long each time up to
+    `max_poll_interval`, so waiting streams cost the database little.
+    """
+    last = seen = after_seq
+    wait = poll_interval
     with tail.subscribe(run_id) as live:
         while True:
             caught_up = await store.read(run_id, after_seq=last)
@@ -97,7 +104,9 @@ async def stream_events(
                     return
             if not caught_up and await _ended_before(store, run_id, last, stop_kinds):
                 return
-            async for event in _live_run(live, last, poll_interval):
+            wait = poll_interval if last != seen else min(2 * wait, max_poll_interval)
+            seen = last
+            async for event in _live_run(live, last, wait):
                 yield event
                 last = event.seq
                 if kind_of(event) in stop_kinds:

@@ -1,5 +1,6 @@
 import asyncio
 import math
+from pathlib import Path
 
 import grpc
 import pytest
@@ -10,8 +11,12 @@ from grpc_status import rpc_status
 
 from services.admission.admit import Admission as NewAdmission
 from services.admission.admit import admit
-from services.admission.requests import GenerateParams, Sampling
-from services.core.errors import QuotaExceeded
+from services.admission.cancel import Canceller
+from services.admission.catalog import ModelCatalog
+from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
+from services.admission.requests import GenerateParams, Limits, Sampling
+from services.admission.stream import LiveTail
+from services.core.errors import QuotaExceeded, Unavailable
 from tests.services.admission.conftest import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
 from tollgate.v1 import events_pb2, gateway_pb2
@@ -319,6 +324,31 @@ async def test_concurrent_admissions_never_exceed_the_quotas(admission: Admissio
     assert outcomes.count("admitted") == 3
     assert all("concurrency quota: 3 of 3" in o for o in outcomes if o != "admitted")
     assert await count_runs(admission) == 3
+
+
+async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    tenant_id, _ = await admission.new_tenant_key("queued-up")
+    depth = QueueDepth()
+    gateway = Gateway(
+        admission.engine,
+        ModelCatalog.load({MODEL: str(tiny_model_dir)}),
+        LiveTail("unused:9092", "unused"),
+        Canceller(admission.store, None),
+        GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), max_queue_depth=3),
+        queue_depth=depth,
+    )
+
+    def params(key: str) -> GenerateParams:
+        return GenerateParams(MODEL, "hello", (), Sampling(max_tokens=4), "interactive", key, 60)
+
+    run_id = await gateway.submit(tenant_id, params("first"))
+    depth.value = 4
+    with pytest.raises(Unavailable):
+        await gateway.submit(tenant_id, params("second"))
+    assert await gateway.submit(tenant_id, params("first")) == run_id
+    assert await count_runs(admission) == 1
 
 
 async def test_list_runs_pages_through_everything(admission: Admission) -> None:
