@@ -43,6 +43,7 @@ class WorkerSettings:
     engine: EngineConfig
     scheduler_address: str
     drain_seconds: int
+    append_interval: float
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -67,6 +68,7 @@ class WorkerSettings:
             ),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
+            append_interval=env_int("TOLLGATE_APPEND_INTERVAL_MS", 50) / 1000,
         )
 
 
@@ -121,7 +123,9 @@ async def main() -> None:
     db = create_engine(settings.common.database_url)
     store = EventStore(db)
     runs: dict[str, AssignedRun] = {}
-    appender = StepAppender(store, runs, lambda run_id: engine.abort(run_id))
+    appender = StepAppender(
+        store, runs, lambda run_id: engine.abort(run_id), settings.append_interval
+    )
     llm = await asyncio.to_thread(LLMEngine.from_model_dir, settings.model_dir, settings.engine)
     engine = AsyncEngine(llm, on_step=appender.on_step)
     core = WorkerCore(settings.worker_id, settings.model_name, engine, store, runs)

@@ -1,13 +1,18 @@
-"""Appends what each engine step produced: one transaction for all runs in it.
+"""Appends what the engine steps produced: one transaction for all runs in them.
 
-Steps that pile up while a transaction is in flight are appended together in
-the next one.  A run whose append is refused (its lease was taken over, or it
-was cancelled elsewhere) is dropped from the engine, and the others go ahead.
+Steps that pile up while a transaction is in flight, or within `interval` of the
+previous append, go into the next one, each run's new tokens as one `streaming`
+event: every event costs the database, the relay, the broker and each consumer,
+so fewer, fuller events leave the engine more of the machine. A run's first
+tokens and its end are appended at once. A run whose append is refused (its
+lease was taken over, or it was cancelled elsewhere) is dropped from the
+engine, and the others go ahead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -24,20 +29,41 @@ log = structlog.get_logger(__name__)
 
 class StepAppender:
     def __init__(
-        self, store: EventStore, runs: dict[str, AssignedRun], abort: Callable[[str], None]
+        self,
+        store: EventStore,
+        runs: dict[str, AssignedRun],
+        abort: Callable[[str], None],
+        interval: float = 0.0,
     ) -> None:
         self.store = store
         self.runs = runs
         self.abort = abort
+        self.interval = interval
         self._steps: asyncio.Queue[Sequence[RequestOutput]] = asyncio.Queue()
+        self._urgent = asyncio.Event()
+        self._last_append = 0.0
 
     def on_step(self, outputs: Sequence[RequestOutput]) -> None:
         """Called on the event loop with each step's outputs."""
         self._steps.put_nowait(outputs)
+        if any(self._is_urgent(output) for output in outputs):
+            self._urgent.set()
+
+    def _is_urgent(self, output: RequestOutput) -> bool:
+        """A run's end, or its first tokens (time to first token is what clients wait on)."""
+        run = self.runs.get(output.request_id)
+        return output.finished or (run is not None and not run.streamed)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             steps = [await self._steps.get()]
+            delay = self._last_append + self.interval - loop.time()
+            if delay > 0 and not self._urgent.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), delay)
+            self._urgent.clear()
+            self._last_append = loop.time()
             while not self._steps.empty():
                 steps.append(self._steps.get_nowait())
             outputs = [output for step in steps for output in step]
@@ -75,6 +101,7 @@ class StepAppender:
             break
         for run_id, (events, finished) in pending.items():
             self.runs[run_id].last_seq += len(events)
+            self.runs[run_id].streamed = True
             if finished:
                 self.runs.pop(run_id, None)
         for output in outputs:

@@ -24,6 +24,8 @@ class AssignedRun:
     cancel_reason: str | None = None
     # KV blocks held back for the run's whole length (prompt + max_tokens).
     num_reserved_blocks: int = 0
+    # Set once events after `prefill` are stored.
+    streamed: bool = False
 
 
 def usage_of(metrics: RequestMetrics) -> dict[str, Any]:

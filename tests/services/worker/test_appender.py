@@ -1,3 +1,6 @@
+import asyncio
+from collections.abc import Callable
+
 from engine.outputs import RequestOutput
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, NewRun, RunState
@@ -35,3 +38,33 @@ async def test_steps_append_in_order_and_a_fenced_run_is_dropped(store: EventSto
     assert [e.kind for e in await store.read("b")] == ["queued", "prefill", "streaming"]
     assert aborted == ["b"]
     assert runs == {}  # a finished, b was dropped
+
+
+async def test_steps_within_the_interval_share_an_event_and_first_or_last_tokens_go_at_once(
+    store: EventStore,
+) -> None:
+    runs = {"a": await started_run(store, "a")}
+    # An interval no test would wait out: only urgent outputs can get anything appended.
+    appender = StepAppender(store, runs, lambda run_id: None, interval=60.0)
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.on_step([out("a", 1)])  # the run's first tokens
+        await wait_until(lambda: runs["a"].streamed)
+        appender.on_step([out("a", 2)])
+        appender.on_step([out("a", 3)])
+        appender.on_step([out("a", 4, "length")])  # the run's end
+        await wait_until(lambda: not runs)
+    finally:
+        task.cancel()
+    events = await store.read("a")
+    assert [(e.kind, e.payload.get("token_ids")) for e in events[2:]] == [
+        ("streaming", [1]),
+        ("streaming", [2, 3, 4]),
+        ("completed", None),
+    ]
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
