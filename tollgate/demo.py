@@ -48,7 +48,7 @@ def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]
 
 
 def stream_with_a_cut(stack: dict[str, Any]) -> str:
-    say("streaming a run through a link that breaks after 8 events")
+    say("streaming a run through a link that breaks after its second batch of tokens")
     with FlakyLink(stack["gateway"]) as link:
         client = Client(link.address, stack["api_key"])
         stream = client.generate(
@@ -58,12 +58,14 @@ def stream_with_a_cut(stack: dict[str, Any]) -> str:
             temperature=0.8,
             seed=7,
         )
+        batches = 0
         for event in stream:
             if event.kind == "streaming":
+                batches += 1
                 print(event.text, end="", flush=True)
             else:
                 print(f"\n[seq {event.seq}] {event.kind}", flush=True)
-            if event.seq == 8 and link.num_cuts == 0:
+            if batches == 2 and link.num_cuts == 0:
                 link.cut()
                 print(
                     f"\n[connection cut after seq {event.seq}; the client resumes from there]",
