@@ -11,6 +11,7 @@ import structlog
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
+from services.admission.hints import QueuedHints
 from services.admission.requests import Limits
 from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import LiveTail
@@ -89,12 +90,20 @@ async def main() -> None:
         OutboxRelay(engine, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
     ]
     depth = QueueDepth()
+    hints = None
     if settings.scheduler_address:
         channel = grpc.aio.insecure_channel(settings.scheduler_address)
         scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         background.append(watch_queue_depth(scheduler, depth))
+        hints = QueuedHints(scheduler)
     gateway = Gateway(
-        engine, catalog, tail, Canceller(EventStore(engine), scheduler), settings.config, depth
+        engine,
+        catalog,
+        tail,
+        Canceller(EventStore(engine), scheduler),
+        settings.config,
+        depth,
+        on_queued=hints,
     )
 
     def add_servicers(server: grpc.aio.Server) -> None:

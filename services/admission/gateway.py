@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -53,7 +53,9 @@ class Gateway:
         canceller: Canceller,
         config: GatewayConfig,
         queue_depth: QueueDepth | None = None,
+        on_queued: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_queued` is told each new run id once its `queued` event is committed."""
         self.engine = engine
         self.store = EventStore(engine)
         self.catalog = catalog
@@ -61,6 +63,7 @@ class Gateway:
         self.canceller = canceller
         self.config = config
         self.queue_depth = queue_depth
+        self.on_queued = on_queued
         self._attached: Counter[str] = Counter()
         self._grace: dict[str, float] = {}
         self._pending_cancels: set[asyncio.Task[None]] = set()
@@ -101,6 +104,8 @@ class Gateway:
                 existing = await self._existing(tenant_id, params)
                 assert existing is not None
                 return self._same_request(existing, params)
+        if self.on_queued is not None:
+            self.on_queued(admission.run_id)
         ADMITTED.labels(params.model, params.priority).inc()
         self._grace[admission.run_id] = params.disconnect_grace
         log.info(

@@ -81,6 +81,7 @@ class SchedulerApp:
             Canceller(self.state, self.store, self.repository, self.clients),
             heartbeat_interval=settings.heartbeat_interval,
             on_register=self.liveness.poll_now.set,
+            on_queued=self.intake.take,
         )
         metrics.observe_state(self.state)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 
@@ -22,11 +22,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         *,
         heartbeat_interval: float,
         on_register: Callable[[], None] = lambda: None,
+        on_queued: Callable[[Collection[str]], Awaitable[int]] | None = None,
     ) -> None:
         self.state = state
         self.canceller = canceller
         self.heartbeat_interval = heartbeat_interval
         self.on_register = on_register
+        self.on_queued = on_queued
 
     @rpc_errors
     async def GetQueueStats(
@@ -75,6 +77,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         _require(run_id=request.run_id)
         found = await self.canceller.cancel(request.run_id, request.reason)
         return scheduler_pb2.SchedulerCancelRunResponse(found=found)
+
+    @rpc_errors
+    async def RunsQueued(
+        self, request: scheduler_pb2.RunsQueuedRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.RunsQueuedResponse:
+        if self.on_queued is None or not request.run_ids:
+            return scheduler_pb2.RunsQueuedResponse()
+        return scheduler_pb2.RunsQueuedResponse(num_taken=await self.on_queued(request.run_ids))
 
 
 def _require(**fields: str) -> None:

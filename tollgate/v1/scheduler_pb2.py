@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btollgate/v1/scheduler.proto\x12\x0btollgate.v1\"\x16\n\x14GetQueueStatsRequest\"{\n\nQueueStats\x12\x17\n\x0fnum_interactive\x18\x01 \x01(\x05\x12\x11\n\tnum_batch\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\x03\"J\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"<\n\x16RegisterWorkerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\"W\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\x03\x12\x17\n\x0frunning_run_ids\x18\x03 \x03(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\";\n\x19SchedulerCancelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"+\n\x1aSchedulerCancelRunResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xe4\x02\n\x10SchedulerService\x12K\n\rGetQueueStats\x12!.tollgate.v1.GetQueueStatsRequest\x1a\x17.tollgate.v1.QueueStats\x12Y\n\x0eRegisterWorker\x12\".tollgate.v1.RegisterWorkerRequest\x1a#.tollgate.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.tollgate.v1.HeartbeatRequest\x1a\x1e.tollgate.v1.HeartbeatResponse\x12\\\n\tCancelRun\x12&.tollgate.v1.SchedulerCancelRunRequest\x1a\'.tollgate.v1.SchedulerCancelRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btollgate/v1/scheduler.proto\x12\x0btollgate.v1\"\x16\n\x14GetQueueStatsRequest\"{\n\nQueueStats\x12\x17\n\x0fnum_interactive\x18\x01 \x01(\x05\x12\x11\n\tnum_batch\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\x03\"J\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"<\n\x16RegisterWorkerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\"W\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\x03\x12\x17\n\x0frunning_run_ids\x18\x03 \x03(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\";\n\x19SchedulerCancelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"+\n\x1aSchedulerCancelRunResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"$\n\x11RunsQueuedRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\"\'\n\x12RunsQueuedResponse\x12\x11\n\tnum_taken\x18\x01 \x01(\x05\x32\xb3\x03\n\x10SchedulerService\x12K\n\rGetQueueStats\x12!.tollgate.v1.GetQueueStatsRequest\x1a\x17.tollgate.v1.QueueStats\x12Y\n\x0eRegisterWorker\x12\".tollgate.v1.RegisterWorkerRequest\x1a#.tollgate.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.tollgate.v1.HeartbeatRequest\x1a\x1e.tollgate.v1.HeartbeatResponse\x12\\\n\tCancelRun\x12&.tollgate.v1.SchedulerCancelRunRequest\x1a\'.tollgate.v1.SchedulerCancelRunResponse\x12M\n\nRunsQueued\x12\x1e.tollgate.v1.RunsQueuedRequest\x1a\x1f.tollgate.v1.RunsQueuedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCHEDULERCANCELRUNREQUEST']._serialized_end=515
   _globals['_SCHEDULERCANCELRUNRESPONSE']._serialized_start=517
   _globals['_SCHEDULERCANCELRUNRESPONSE']._serialized_end=560
-  _globals['_SCHEDULERSERVICE']._serialized_start=563
-  _globals['_SCHEDULERSERVICE']._serialized_end=919
+  _globals['_RUNSQUEUEDREQUEST']._serialized_start=562
+  _globals['_RUNSQUEUEDREQUEST']._serialized_end=598
+  _globals['_RUNSQUEUEDRESPONSE']._serialized_start=600
+  _globals['_RUNSQUEUEDRESPONSE']._serialized_end=639
+  _globals['_SCHEDULERSERVICE']._serialized_start=642
+  _globals['_SCHEDULERSERVICE']._serialized_end=1077
 # @@protoc_insertion_point(module_scope)

@@ -69,3 +69,15 @@ class SchedulerCancelRunResponse(_message.Message):
     FOUND_FIELD_NUMBER: _ClassVar[int]
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class RunsQueuedRequest(_message.Message):
+    __slots__ = ("run_ids",)
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RunsQueuedResponse(_message.Message):
+    __slots__ = ("num_taken",)
+    NUM_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    num_taken: int
+    def __init__(self, num_taken: _Optional[int] = ...) -> None: ...

@@ -54,6 +54,11 @@ class SchedulerServiceStub:
                 request_serializer=tollgate_dot_v1_dot_scheduler__pb2.SchedulerCancelRunRequest.SerializeToString,
                 response_deserializer=tollgate_dot_v1_dot_scheduler__pb2.SchedulerCancelRunResponse.FromString,
                 _registered_method=True)
+        self.RunsQueued = channel.unary_unary(
+                '/tollgate.v1.SchedulerService/RunsQueued',
+                request_serializer=tollgate_dot_v1_dot_scheduler__pb2.RunsQueuedRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_scheduler__pb2.RunsQueuedResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -83,6 +88,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunsQueued(self, request, context):
+        """Admission's hint that runs were just queued: the scheduler takes them now rather than
+        when their `queued` event arrives from Kafka. Runs it knows already, or that are no
+        longer queued, are ignored, so a hint may be repeated or lost without harm.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +119,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CancelRun,
                     request_deserializer=tollgate_dot_v1_dot_scheduler__pb2.SchedulerCancelRunRequest.FromString,
                     response_serializer=tollgate_dot_v1_dot_scheduler__pb2.SchedulerCancelRunResponse.SerializeToString,
+            ),
+            'RunsQueued': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunsQueued,
+                    request_deserializer=tollgate_dot_v1_dot_scheduler__pb2.RunsQueuedRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_scheduler__pb2.RunsQueuedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +234,33 @@ class SchedulerService:
             '/tollgate.v1.SchedulerService/CancelRun',
             tollgate_dot_v1_dot_scheduler__pb2.SchedulerCancelRunRequest.SerializeToString,
             tollgate_dot_v1_dot_scheduler__pb2.SchedulerCancelRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunsQueued(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.SchedulerService/RunsQueued',
+            tollgate_dot_v1_dot_scheduler__pb2.RunsQueuedRequest.SerializeToString,
+            tollgate_dot_v1_dot_scheduler__pb2.RunsQueuedResponse.FromString,
             options,
             channel_credentials,
             insecure,

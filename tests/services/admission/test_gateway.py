@@ -1,6 +1,7 @@
 import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -326,23 +327,39 @@ async def test_concurrent_admissions_never_exceed_the_quotas(admission: Admissio
     assert await count_runs(admission) == 3
 
 
+def direct_gateway(admission: Admission, model_dir: Path, **options: Any) -> Gateway:
+    """A Gateway on the test's database, called directly rather than through gRPC."""
+    return Gateway(
+        admission.engine,
+        ModelCatalog.load({MODEL: str(model_dir)}),
+        LiveTail("unused:9092", "unused"),
+        Canceller(admission.store, None),
+        GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), max_queue_depth=3),
+        **options,
+    )
+
+
+def params(key: str) -> GenerateParams:
+    return GenerateParams(MODEL, "hello", (), Sampling(max_tokens=4), "interactive", key, 60)
+
+
+async def test_the_scheduler_hears_of_each_new_run_once(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    tenant_id, _ = await admission.new_tenant_key("hinted")
+    hinted: list[str] = []
+    gateway = direct_gateway(admission, tiny_model_dir, on_queued=hinted.append)
+    run_id = await gateway.submit(tenant_id, params("once"))
+    assert await gateway.submit(tenant_id, params("once")) == run_id
+    assert hinted == [run_id]
+
+
 async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(
     admission: Admission, tiny_model_dir: Path
 ) -> None:
     tenant_id, _ = await admission.new_tenant_key("queued-up")
     depth = QueueDepth()
-    gateway = Gateway(
-        admission.engine,
-        ModelCatalog.load({MODEL: str(tiny_model_dir)}),
-        LiveTail("unused:9092", "unused"),
-        Canceller(admission.store, None),
-        GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), max_queue_depth=3),
-        queue_depth=depth,
-    )
-
-    def params(key: str) -> GenerateParams:
-        return GenerateParams(MODEL, "hello", (), Sampling(max_tokens=4), "interactive", key, 60)
-
+    gateway = direct_gateway(admission, tiny_model_dir, queue_depth=depth)
     run_id = await gateway.submit(tenant_id, params("first"))
     depth.value = 4
     with pytest.raises(Unavailable):

@@ -47,7 +47,8 @@ async def start_scheduler(
     cleanups: list[Callable[[], Awaitable[None]]] = []
 
     async def start(workers: Mapping[str, str] | None = None, **overrides: Any) -> RunningScheduler:
-        common = CommonSettings(database_url, kafka_bootstrap, kafka_topic, "127.0.0.1:0", -1)
+        bootstrap = overrides.pop("kafka_bootstrap", kafka_bootstrap)
+        common = CommonSettings(database_url, bootstrap, kafka_topic, "127.0.0.1:0", -1)
         options: dict[str, Any] = {
             "rescan_seconds": 0.3,
             "worker_timeout": 1.5,

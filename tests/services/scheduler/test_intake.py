@@ -46,6 +46,24 @@ async def test_kafka_events_drive_intake_and_end_assignments_between_rescans(
     await wait_for(lambda: _running_is(scheduler, 0), timeout=10)
 
 
+async def test_a_hint_from_admission_dispatches_a_run_without_kafka(
+    store: EventStore, start_scheduler, fake_workers
+) -> None:
+    worker = await fake_workers("w1")
+    before_start = await queue_run(store)
+    # No broker at this address and no rescan within the test: after the start-up scan,
+    # which dispatches `before_start`, only the hint brings runs in.
+    scheduler = await start_scheduler(
+        {"w1": worker.address}, rescan_seconds=60, kafka_bootstrap="127.0.0.1:9"
+    )
+    await wait_for(lambda: worker.assignment(before_start), timeout=10)
+    run_id = await queue_run(store)
+    hint = scheduler_pb2.RunsQueuedRequest(run_ids=[run_id, "run_unknown"])
+    assert (await scheduler.stub.RunsQueued(hint)).num_taken == 1
+    await wait_for(lambda: worker.assignment(run_id), timeout=10)
+    assert (await scheduler.stub.RunsQueued(hint)).num_taken == 0  # a repeated hint
+
+
 async def _depth_is(scheduler, expected: int) -> bool:  # type: ignore[no-untyped-def]
     return (await _stats(scheduler)).num_interactive == expected
 
