@@ -128,7 +128,7 @@ async def main() -> None:
     )
     llm = await asyncio.to_thread(LLMEngine.from_model_dir, settings.model_dir, settings.engine)
     engine = AsyncEngine(llm, on_step=appender.on_step)
-    core = WorkerCore(settings.worker_id, settings.model_name, engine, store, runs)
+    core = WorkerCore(settings.worker_id, settings.model_name, engine, store, appender.start, runs)
 
     def add_servicers(server: grpc.aio.Server) -> None:
         engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core), server)

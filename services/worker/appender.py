@@ -42,6 +42,14 @@ class StepAppender:
         self._steps: asyncio.Queue[Sequence[RequestOutput]] = asyncio.Queue()
         self._urgent = asyncio.Event()
         self._last_append = 0.0
+        # `prefill` events of runs just assigned, appended ahead of their first tokens.
+        self._starts: dict[str, NewEvent] = {}
+
+    def start(self, run_id: str, prefill: NewEvent) -> None:
+        """Queues a newly assigned run's `prefill`, to be appended at once."""
+        self._starts[run_id] = prefill
+        self._urgent.set()
+        self._steps.put_nowait(())
 
     def on_step(self, outputs: Sequence[RequestOutput]) -> None:
         """Called on the event loop with each step's outputs."""
@@ -77,7 +85,8 @@ class StepAppender:
                     await asyncio.sleep(0.5)
                 except Exception as error:
                     log.exception("step append failed for good", error=repr(error))
-                    await self.fail_runs({o.request_id for o in outputs}, repr(error))
+                    failing = {o.request_id for o in outputs} | set(self._starts)
+                    await self.fail_runs(failing, repr(error))
                     break
 
     async def append(self, outputs: Sequence[RequestOutput]) -> None:
@@ -100,8 +109,10 @@ class StepAppender:
                 continue
             break
         for run_id, (events, finished) in pending.items():
-            self.runs[run_id].last_seq += len(events)
-            self.runs[run_id].streamed = True
+            self._starts.pop(run_id, None)
+            run = self.runs[run_id]
+            run.last_seq += len(events)
+            run.streamed = run.streamed or any(e.kind != RunState.PREFILL for e in events)
             if finished:
                 self.runs.pop(run_id, None)
         for output in outputs:
@@ -111,15 +122,19 @@ class StepAppender:
     def _events_by_run(
         self, outputs: Sequence[RequestOutput]
     ) -> dict[str, tuple[list[NewEvent], bool]]:
-        by_run: dict[str, list[RequestOutput]] = {}
+        by_run: dict[str, list[RequestOutput]] = {
+            run_id: [] for run_id in self._starts if run_id in self.runs
+        }
         for output in outputs:
             if output.request_id in self.runs:
                 by_run.setdefault(output.request_id, []).append(output)
         pending: dict[str, tuple[list[NewEvent], bool]] = {}
         for run_id, run_outputs in by_run.items():
-            events = step_events(self.runs[run_id], run_outputs)
+            start = self._starts.get(run_id)
+            events = [start] if start is not None else []
+            events += step_events(self.runs[run_id], run_outputs)
             if events:
-                pending[run_id] = (events, run_outputs[-1].finished)
+                pending[run_id] = (events, bool(run_outputs) and run_outputs[-1].finished)
         return pending
 
     async def fail_runs(self, run_ids: set[str], message: str) -> None:
@@ -130,11 +145,14 @@ class StepAppender:
                 continue
             self.abort(run_id)
             failed = NewEvent(RunState.FAILED, {"code": "INTERNAL", "message": message[:500]})
+            start = self._starts.pop(run_id, None)
+            events = [failed] if start is None else [start, failed]
             try:
-                await self.store.append(run_id, run.last_seq, [failed], lease_epoch=run.lease_epoch)
+                await self.store.append(run_id, run.last_seq, events, lease_epoch=run.lease_epoch)
             except Exception as error:  # the scheduler's recovery ends it instead
                 log.error("could not fail run", run_id=run_id, error=repr(error))
 
     def _drop(self, run_id: str) -> None:
+        self._starts.pop(run_id, None)
         if self.runs.pop(run_id, None) is not None:
             self.abort(run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -51,18 +52,21 @@ class WorkerCore:
         model: str,
         engine: AsyncEngine,
         store: EventStore,
+        start_run: Callable[[str, NewEvent], None],
         runs: dict[str, AssignedRun] | None = None,
     ) -> None:
+        """`start_run` appends a newly assigned run's `prefill` (the StepAppender's start)."""
         self.worker_id = worker_id
         self.model = model
         self.engine = engine
         self.store = store
+        self.start_run = start_run
         # Shared with the StepAppender, which removes runs as they end.
         self.runs: dict[str, AssignedRun] = runs if runs is not None else {}
         self.draining = False
 
     async def assign(self, assignment: Assignment) -> None:
-        """Starts the run: appends `prefill` under its lease, then hands it to the engine."""
+        """Hands the run to the engine and has its `prefill` appended under its lease."""
         if assignment.run_id in self.runs:
             return  # a retried AssignRun
         if self.draining:
@@ -81,30 +85,17 @@ class WorkerCore:
             span.set_attribute("gen_ai.request.max_tokens", assignment.sampling.max_tokens)
             traceparent = current_traceparent()
         # Held before the first await, so concurrent assignments cannot overbook.
-        self.runs[assignment.run_id] = AssignedRun(
+        run = self.runs[assignment.run_id] = AssignedRun(
             run_id=assignment.run_id,
             tenant_id=assignment.tenant_id,
             lease_epoch=assignment.lease_epoch,
-            last_seq=assignment.last_seq + 1,
+            last_seq=assignment.last_seq,
             traceparent=traceparent,
             num_reserved_blocks=needed,
         )
         prefill = NewEvent(
             RunState.PREFILL, {"worker_id": self.worker_id, "lease_epoch": assignment.lease_epoch}
         )
-        try:
-            await self.store.append(
-                assignment.run_id,
-                assignment.last_seq,
-                [prefill],
-                lease_epoch=assignment.lease_epoch,
-                traceparent=traceparent,
-            )
-        except EventStoreError as error:
-            del self.runs[assignment.run_id]
-            raise FailedPrecondition(
-                f"the run cannot start: {error}", "RUN_NOT_STARTABLE"
-            ) from None
         try:
             self.engine.add_request(
                 assignment.run_id,
@@ -114,15 +105,26 @@ class WorkerCore:
                 priority=assignment.priority,
             )
         except RequestError as error:
-            await self._fail(self.runs.pop(assignment.run_id), str(error))
+            del self.runs[assignment.run_id]
+            await self._fail(run, prefill, str(error))
             return
+        # The engine starts now; `prefill` is appended with the next batch, which puts the
+        # lease to the test: if it is stale, the append is refused and the run dropped.
+        self.start_run(assignment.run_id, prefill)
         log.info("run assigned", run_id=assignment.run_id, tenant_id=assignment.tenant_id)
 
-    async def _fail(self, run: AssignedRun, message: str) -> None:
+    async def _fail(self, run: AssignedRun, prefill: NewEvent, message: str) -> None:
         failed = NewEvent(
             RunState.FAILED, {"code": "ENGINE_REJECTED", "message": message, "usage": {}}
         )
-        await self.store.append(run.run_id, run.last_seq, [failed], lease_epoch=run.lease_epoch)
+        try:
+            await self.store.append(
+                run.run_id, run.last_seq, [prefill, failed], lease_epoch=run.lease_epoch
+            )
+        except EventStoreError as error:
+            raise FailedPrecondition(
+                f"the run cannot start: {error}", "RUN_NOT_STARTABLE"
+            ) from None
 
     def cancel(self, run_id: str, reason: str) -> bool:
         """Aborts the run in the engine; its `cancelled` event follows with the next step."""

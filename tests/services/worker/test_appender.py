@@ -68,3 +68,32 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+async def test_prefill_goes_out_at_once_and_a_stale_lease_drops_the_run(store: EventStore) -> None:
+    async def assigned(run_id: str) -> AssignedRun:
+        await store.append(run_id, 0, [NewEvent(RunState.QUEUED)], new_run=NewRun("t1", "tiny"))
+        epoch = await store.acquire_lease(run_id, "worker-1")
+        return AssignedRun(run_id=run_id, tenant_id="t1", lease_epoch=epoch, last_seq=1)
+
+    runs = {"a": await assigned("a"), "b": await assigned("b")}
+    await store.acquire_lease("b", "worker-2")  # b's lease moved on before it started here
+    aborted: list[str] = []
+    appender = StepAppender(store, runs, aborted.append, interval=60.0)
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.start("a", NewEvent(RunState.PREFILL))
+        appender.start("b", NewEvent(RunState.PREFILL))
+        await wait_until(lambda: runs["a"].last_seq == 2 and "b" not in runs)
+        appender.on_step([out("a", 1, "length")])
+        await wait_until(lambda: not runs)
+    finally:
+        task.cancel()
+    assert [e.kind for e in await store.read("a")] == [
+        "queued",
+        "prefill",
+        "streaming",
+        "completed",
+    ]
+    assert [e.kind for e in await store.read("b")] == ["queued"]
+    assert aborted == ["b"]
