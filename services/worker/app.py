@@ -15,6 +15,7 @@ from services.core.config import (
     CommonSettings,
     ConfigError,
     env_choice,
+    env_float,
     env_int,
     env_map,
     env_str,
@@ -43,7 +44,7 @@ class WorkerSettings:
     engine: EngineConfig
     scheduler_address: str
     drain_seconds: int
-    append_interval: float
+    events_per_second: float
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -68,7 +69,7 @@ class WorkerSettings:
             ),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
-            append_interval=env_int("TOLLGATE_APPEND_INTERVAL_MS", 50) / 1000,
+            events_per_second=env_float("TOLLGATE_STREAM_EVENTS_PER_S", 100.0),
         )
 
 
@@ -124,7 +125,10 @@ async def main() -> None:
     store = EventStore(db)
     runs: dict[str, AssignedRun] = {}
     appender = StepAppender(
-        store, runs, lambda run_id: engine.abort(run_id), settings.append_interval
+        store,
+        runs,
+        lambda run_id: engine.abort(run_id),
+        events_per_second=settings.events_per_second,
     )
     llm = await asyncio.to_thread(LLMEngine.from_model_dir, settings.model_dir, settings.engine)
     engine = AsyncEngine(llm, on_step=appender.on_step)

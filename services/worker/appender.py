@@ -1,12 +1,13 @@
 """Appends what the engine steps produced: one transaction for all runs in them.
 
-Steps that pile up while a transaction is in flight, or within `interval` of the
-previous append, go into the next one, each run's new tokens as one `streaming`
-event: every event costs the database, the relay, the broker and each consumer,
-so fewer, fuller events leave the engine more of the machine. A run's first
-tokens and its end are appended at once. A run whose append is refused (its
-lease was taken over, or it was cancelled elsewhere) is dropped from the
-engine, and the others go ahead.
+Every event costs the database, the relay, the broker and each consumer, so the
+appender keeps the worker's event rate near `events_per_second` whatever the
+number of runs: it appends at most every `len(runs) / events_per_second` seconds
+(never less often than every `max_interval`), and the steps in between become
+one `streaming` event per run. One run streams step by step; many runs stream
+in chunks of a few tokens each. A run's first tokens and its end are appended
+at once. A run whose append is refused (its lease was taken over, or it was
+cancelled elsewhere) is dropped from the engine, and the others go ahead.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ class StepAppender:
         store: EventStore,
         runs: dict[str, AssignedRun],
         abort: Callable[[str], None],
-        interval: float = 0.0,
+        *,
+        events_per_second: float = 100.0,
+        max_interval: float = 0.25,
     ) -> None:
         self.store = store
         self.runs = runs
         self.abort = abort
-        self.interval = interval
+        self.events_per_second = events_per_second
+        self.max_interval = max_interval
         self._steps: asyncio.Queue[Sequence[RequestOutput]] = asyncio.Queue()
         self._urgent = asyncio.Event()
         self._last_append = 0.0
@@ -57,6 +61,12 @@ class StepAppender:
         if any(self._is_urgent(output) for output in outputs):
             self._urgent.set()
 
+    def interval(self) -> float:
+        """The least time between two appends for the runs held now."""
+        if self.events_per_second <= 0:
+            return 0.0
+        return min(self.max_interval, len(self.runs) / self.events_per_second)
+
     def _is_urgent(self, output: RequestOutput) -> bool:
         """A run's end, or its first tokens (time to first token is what clients wait on)."""
         run = self.runs.get(output.request_id)
@@ -66,7 +76,7 @@ class StepAppender:
         loop = asyncio.get_running_loop()
         while True:
             steps = [await self._steps.get()]
-            delay = self._last_append + self.interval - loop.time()
+            delay = self._last_append + self.interval() - loop.time()
             if delay > 0 and not self._urgent.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), delay)

@@ -45,7 +45,9 @@ async def test_steps_within_the_interval_share_an_event_and_first_or_last_tokens
 ) -> None:
     runs = {"a": await started_run(store, "a")}
     # An interval no test would wait out: only urgent outputs can get anything appended.
-    appender = StepAppender(store, runs, lambda run_id: None, interval=60.0)
+    appender = StepAppender(
+        store, runs, lambda run_id: None, events_per_second=1e-6, max_interval=60.0
+    )
     task = asyncio.create_task(appender.run())
     try:
         appender.on_step([out("a", 1)])  # the run's first tokens
@@ -79,7 +81,7 @@ async def test_prefill_goes_out_at_once_and_a_stale_lease_drops_the_run(store: E
     runs = {"a": await assigned("a"), "b": await assigned("b")}
     await store.acquire_lease("b", "worker-2")  # b's lease moved on before it started here
     aborted: list[str] = []
-    appender = StepAppender(store, runs, aborted.append, interval=60.0)
+    appender = StepAppender(store, runs, aborted.append, events_per_second=1e-6, max_interval=60.0)
     task = asyncio.create_task(appender.run())
     try:
         appender.start("a", NewEvent(RunState.PREFILL))
@@ -97,3 +99,15 @@ async def test_prefill_goes_out_at_once_and_a_stale_lease_drops_the_run(store: E
     ]
     assert [e.kind for e in await store.read("b")] == ["queued"]
     assert aborted == ["b"]
+
+
+def test_the_interval_grows_with_the_runs_held_up_to_its_cap() -> None:
+    runs: dict[str, AssignedRun] = {}
+    appender = StepAppender(None, runs, lambda run_id: None, events_per_second=100.0)  # type: ignore[arg-type]
+    assert appender.interval() == 0.0
+    for i in range(8):
+        runs[str(i)] = AssignedRun(run_id=str(i), tenant_id="t", lease_epoch=1, last_seq=1)
+    assert appender.interval() == 0.08
+    for i in range(8, 100):
+        runs[str(i)] = AssignedRun(run_id=str(i), tenant_id="t", lease_epoch=1, last_seq=1)
+    assert appender.interval() == 0.25
