@@ -2,10 +2,9 @@
 
 Every event costs the database, the relay, the broker and each consumer, so the
 appender keeps the worker's event rate near `events_per_second` whatever the
-number of runs: it appends at most every `len(runs) / events_per_second` seconds
-(never less often than every `max_interval`), and the steps in between become
-one `streaming` event per run. One run streams step by step; many runs stream
-in chunks of a few tokens each. A run's first tokens and its end are appended
+number of runs: successive appends are `len(runs) / events_per_second` seconds
+apart, kept between `min_interval` and `max_interval`, and the steps in between
+become one `streaming` event per run: a few tokens each. A run's first tokens and its end are appended
 at once. A run whose append is refused (its lease was taken over, or it was
 cancelled elsewhere) is dropped from the engine, and the others go ahead.
 """
@@ -36,12 +35,14 @@ class StepAppender:
         abort: Callable[[str], None],
         *,
         events_per_second: float = 100.0,
+        min_interval: float = 0.05,
         max_interval: float = 0.25,
     ) -> None:
         self.store = store
         self.runs = runs
         self.abort = abort
         self.events_per_second = events_per_second
+        self.min_interval = min_interval
         self.max_interval = max_interval
         self._steps: asyncio.Queue[Sequence[RequestOutput]] = asyncio.Queue()
         self._urgent = asyncio.Event()
@@ -63,9 +64,8 @@ class StepAppender:
 
     def interval(self) -> float:
         """The least time between two appends for the runs held now."""
-        if self.events_per_second <= 0:
-            return 0.0
-        return min(self.max_interval, len(self.runs) / self.events_per_second)
+        spread = len(self.runs) / self.events_per_second if self.events_per_second > 0 else 0.0
+        return min(self.max_interval, max(self.min_interval, spread))
 
     def _is_urgent(self, output: RequestOutput) -> bool:
         """A run's end, or its first tokens (time to first token is what clients wait on)."""

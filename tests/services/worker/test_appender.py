@@ -101,10 +101,10 @@ async def test_prefill_goes_out_at_once_and_a_stale_lease_drops_the_run(store: E
     assert aborted == ["b"]
 
 
-def test_the_interval_grows_with_the_runs_held_up_to_its_cap() -> None:
+def test_the_interval_grows_with_the_runs_held_between_its_bounds() -> None:
     runs: dict[str, AssignedRun] = {}
     appender = StepAppender(None, runs, lambda run_id: None, events_per_second=100.0)  # type: ignore[arg-type]
-    assert appender.interval() == 0.0
+    assert appender.interval() == 0.05
     for i in range(8):
         runs[str(i)] = AssignedRun(run_id=str(i), tenant_id="t", lease_epoch=1, last_seq=1)
     assert appender.interval() == 0.08
