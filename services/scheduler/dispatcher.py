@@ -101,35 +101,41 @@ class Dispatcher:
             context=context_from_traceparent(run.traceparent),
             attributes={"tollgate.run_id": run.run_id, "tollgate.tenant_id": run.tenant_id},
         )
-        assigned = False
+        outcome: AssignOutcome | None = None
         try:
             with span, bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
-                assigned = await self._lease_and_assign(run, worker.worker_id, worker.address)
+                outcome = await self._lease_and_assign(run, worker.worker_id, worker.address)
         except BaseException:
             self.state.put_back(run)
             raise
         finally:
-            if not assigned:
+            if outcome != AssignOutcome.ASSIGNED:
                 self.state.registry.release(worker.worker_id, run.kv_blocks)
+            if outcome == AssignOutcome.NO_ROOM:
+                # After the release, which would otherwise undo it: the worker has less
+                # room than this run until it reports again.
+                self.state.registry.mark_full(worker.worker_id, run.kv_blocks)
 
-    async def _lease_and_assign(self, run: QueuedRun, worker_id: str, address: str) -> bool:
+    async def _lease_and_assign(
+        self, run: QueuedRun, worker_id: str, address: str
+    ) -> AssignOutcome | None:
+        """The worker's answer, or None when the run was no longer queued."""
         leased = await self.repository.lease_if_queued(run.run_id, worker_id)
         if leased is None:
             log.info("run no longer queued; dropped")
             self.rejections.pop(run.run_id, None)
             self.state.settle(run.run_id)
-            return False
+            return None
         grant = Grant(lease_epoch=leased[0], last_seq=leased[1])
         result = await self.clients.assign(address, run, grant)
         metrics.DISPATCHES.labels(outcome=str(result.outcome)).inc()
         if result.outcome == AssignOutcome.ASSIGNED:
             self._assigned(run, worker_id, grant)
-            return True
-        if result.outcome == AssignOutcome.REFUSED:
+        elif result.outcome == AssignOutcome.REFUSED:
             await self._rejected(run, worker_id, grant, result.detail)
         else:
             self._not_now(run, worker_id, result.outcome)
-        return False
+        return result.outcome
 
     def _assigned(self, run: QueuedRun, worker_id: str, grant: Grant) -> None:
         self.rejections.pop(run.run_id, None)
@@ -146,7 +152,6 @@ class Dispatcher:
 
     def _not_now(self, run: QueuedRun, worker_id: str, outcome: AssignOutcome) -> None:
         if outcome == AssignOutcome.NO_ROOM:
-            self.state.registry.mark_full(worker_id, run.kv_blocks)
             if self.on_no_room is not None:
                 self.on_no_room.set()
         else:
