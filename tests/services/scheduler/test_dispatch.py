@@ -1,11 +1,19 @@
 """Scheduler against real PostgreSQL and Kafka, with fake workers."""
 
 import asyncio
+import time
 
 import grpc
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
+from services.scheduler.dispatcher import Dispatcher
+from services.scheduler.engine_client import AssignOutcome, AssignResult
+from services.scheduler.repository import SchedulerRepository
+from services.scheduler.state import SchedulerState
+from services.scheduler.workers import WorkerRegistry, WorkerReport
+from tests.services.scheduler.fakes import BLOCK_SIZE
 from tests.services.scheduler.helpers import TRACEPARENT, queue_run, wait_for
 from tollgate.v1 import events_pb2, scheduler_pb2
 
@@ -159,3 +167,41 @@ async def test_cancel_of_an_assigned_run_goes_to_its_worker(
     assert reply.found
     assert worker.cancelled == [run_id]
     assert [e.kind for e in await store.read(run_id)] == [RunState.QUEUED]  # the worker appends
+
+
+class _NoRoom:
+    """Worker clients whose every AssignRun is answered RESOURCE_EXHAUSTED."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def assign(self, address: str, run: object, grant: object) -> AssignResult:
+        self.calls += 1
+        return AssignResult(AssignOutcome.NO_ROOM, "no room")
+
+
+async def test_a_no_room_answer_keeps_the_worker_full_until_it_reports_again(
+    store: EventStore, engine: AsyncEngine
+) -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "127.0.0.1:1")
+    registry.observe(
+        "w1", WorkerReport(num_free_blocks=8, model="tiny", num_total_blocks=64), time.monotonic()
+    )
+    state = SchedulerState(registry)
+    repository = SchedulerRepository(engine, BLOCK_SIZE)
+    [run] = await repository.load_queued([await queue_run(store)])
+    state.enqueue(run)
+    clients = _NoRoom()
+    dispatcher = Dispatcher(state, store, repository, clients)  # type: ignore[arg-type]
+
+    assert await dispatcher.dispatch_one()
+    # The run is queued again, and nothing fits the worker until it says otherwise.
+    assert run.run_id in state.queued
+    assert not await dispatcher.dispatch_one()
+    assert clients.calls == 1
+    registry.observe(
+        "w1", WorkerReport(num_free_blocks=8, model="tiny", num_total_blocks=64), time.monotonic()
+    )
+    assert await dispatcher.dispatch_one()
+    assert clients.calls == 2
