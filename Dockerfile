@@ -8,6 +8,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# A C compiler builds the engine's native decode-attention kernel on first use (without
+# one, attention runs in PyTorch, slower).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
+ENV TOLLGATE_KERNEL_CACHE=/var/cache/tollgate/kernels
+
 # torch first and from the CPU-only index: the largest layer, kept across code changes.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
@@ -20,8 +28,8 @@ COPY migrations ./migrations
 # Editable, so that Alembic finds migrations/versions in the source tree.
 RUN pip install -e . \
     && useradd --system --uid 10001 --home-dir /app tollgate \
-    && mkdir -p /models \
-    && chown tollgate /models
+    && mkdir -p /models "$TOLLGATE_KERNEL_CACHE" \
+    && chown tollgate /models "$TOLLGATE_KERNEL_CACHE"
 
 USER tollgate
 

@@ -1,7 +1,8 @@
 """Tensors for one step, built from the batcher's plan.
 
-Single-token chunks come first, sorted by context length (longest first) and split into
-groups whose contexts pad to similar lengths; prefill chunks follow, one span each.
+Single-token chunks come first, sorted by context length (longest first). A native decode
+kernel takes them all at once; otherwise they are split into groups whose contexts pad to
+similar lengths. Prefill chunks follow, one span each.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from engine.batcher import ScheduledChunk, StepPlan
-from engine.layers.paged_attention import AttentionMetadata, DecodeGroup, PrefillSpan, Workspace
+from engine.layers.native import DecodeKernel
+from engine.layers.paged_attention import (
+    AttentionMetadata,
+    DecodeBatch,
+    DecodeGroup,
+    PrefillSpan,
+    Workspace,
+)
 
 # Bounds the gather workspace (and the padded bias) of one decode group.
 _MAX_GROUP_TOKENS = 1 << 16
@@ -33,7 +41,12 @@ class AttentionShape:
     group_size: int
 
 
-def build_inputs(plan: StepPlan, shape: AttentionShape, workspace: Workspace) -> BatchInputs:
+def build_inputs(
+    plan: StepPlan,
+    shape: AttentionShape,
+    workspace: Workspace,
+    decode_kernel: DecodeKernel | None = None,
+) -> BatchInputs:
     decodes = sorted(
         (c for c in plan.chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
     )
@@ -59,9 +72,11 @@ def build_inputs(plan: StepPlan, shape: AttentionShape, workspace: Workspace) ->
     order = [*decodes, *prefills]
     ends = torch.tensor([c.num_tokens for c in order], dtype=torch.long).cumsum(0) - 1
     sampled_rows = [i for i, c in enumerate(order) if c.samples]
+    batch = _decode_batch(decodes, shape, decode_kernel) if decode_kernel and decodes else None
     meta = AttentionMetadata(
         slot_mapping=torch.cat(slots),
-        decode_groups=tuple(_decode_groups(decodes, shape, workspace.dtype)),
+        decode_batch=batch,
+        decode_groups=() if batch else tuple(_decode_groups(decodes, shape, workspace.dtype)),
         prefills=tuple(spans),
         workspace=workspace,
     )
@@ -93,6 +108,19 @@ def _prefill_span(
         context_len=context,
         block_index=table[: -(-context // block_size)],
         mask=mask,
+    )
+
+
+def _decode_batch(
+    decodes: list[ScheduledChunk], shape: AttentionShape, kernel: DecodeKernel
+) -> DecodeBatch:
+    width = _num_blocks(decodes[0], shape.block_size)  # decodes are longest first
+    tables = [c.seq.block_table[:width] for c in decodes]
+    return DecodeBatch(
+        num_seqs=len(decodes),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long),
+        context_lens=torch.tensor([c.start + 1 for c in decodes], dtype=torch.long),
+        kernel=kernel,
     )
 
 

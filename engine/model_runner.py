@@ -9,6 +9,7 @@ import torch
 from engine.batch_inputs import AttentionShape, build_inputs
 from engine.batcher import StepPlan
 from engine.config import ModelConfig
+from engine.layers import native
 from engine.layers.paged_attention import Workspace
 from engine.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
@@ -42,13 +43,15 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.workspace = Workspace(dtype)
+        kv_dtype = self.kv_caches[0].dtype
+        self.decode_kernel = native.paged_decode() if native.supports(dtype, kv_dtype) else None
 
     @torch.inference_mode()
     def execute(
         self, plan: StepPlan, generators: Mapping[str, torch.Generator]
     ) -> list[tuple[Sequence, int]]:
         """Compute the plan's tokens; return (sequence, new token) for each chunk that samples."""
-        inputs = build_inputs(plan, self.shape, self.workspace)
+        inputs = build_inputs(plan, self.shape, self.workspace, self.decode_kernel)
         hidden = self.model(
             inputs.input_ids,
             inputs.positions,

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.native import DecodeKernel
+
 
 class Workspace:
     """Reusable buffers, one per dtype: fresh large allocations page-fault on every step.
@@ -46,6 +48,16 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """Every single-token query of the step, for a kernel that reads the cache in place."""
+
+    num_seqs: int
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] block ids, padding points at block 0
+    context_lens: torch.Tensor  # [num_seqs]
+    kernel: DecodeKernel
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillSpan:
     """A chunk of `num_query` prompt tokens of one sequence with `context_len` tokens in view."""
 
@@ -61,7 +73,8 @@ class AttentionMetadata:
     """Where each token of the flat batch writes its key/value and what it attends to."""
 
     slot_mapping: torch.Tensor  # [T]
-    decode_groups: tuple[DecodeGroup, ...]
+    decode_batch: DecodeBatch | None  # the decodes when a native kernel computes them
+    decode_groups: tuple[DecodeGroup, ...]  # else the decodes, computed here
     prefills: tuple[PrefillSpan, ...]
     workspace: Workspace
 
@@ -91,6 +104,16 @@ class PagedAttention(nn.Module):
         kv_cache[0].index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kv_cache.dtype))
         kv_cache[1].index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(kv_cache.dtype))
         out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
+        batch = meta.decode_batch
+        if batch is not None:
+            out[: batch.num_seqs] = batch.kernel(
+                q[: batch.num_seqs],
+                kv_cache,
+                batch.block_tables,
+                batch.context_lens,
+                self.block_size,
+                self.scale,
+            )
         for group in meta.decode_groups:
             end = group.token_start + group.num_seqs
             out[group.token_start : end] = self._decode(

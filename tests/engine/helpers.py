@@ -9,6 +9,7 @@ import torch
 from engine.batch_inputs import build_inputs
 from engine.batcher import ScheduledChunk, StepPlan
 from engine.block_manager import BlockManager
+from engine.layers.native import DecodeKernel
 from engine.llm_engine import LLMEngine
 from engine.model_runner import ModelRunner
 from engine.models.llama import LlamaForCausalLM
@@ -23,8 +24,10 @@ def paged_logits(
     chunks: Sequence[int],
     block_size: int = 4,
     kv_dtype: torch.dtype = torch.float32,
+    decode_kernel: DecodeKernel | None = None,
 ) -> torch.Tensor:
-    """Logits [len(token_ids), V] computed chunk by chunk through a fresh paged KV cache."""
+    """Logits [len(token_ids), V] computed chunk by chunk through a fresh paged KV cache;
+    single-token chunks go through `decode_kernel` when given."""
     assert sum(chunks) == len(token_ids)
     num_blocks = -(-len(token_ids) // block_size) + 2
     runner = ModelRunner(model, block_size, num_blocks, torch.float32, kv_dtype)
@@ -35,7 +38,10 @@ def paged_logits(
         start = seq.num_computed_tokens
         manager.allocate(seq, size)
         inputs = build_inputs(
-            StepPlan((ScheduledChunk(seq, start, size),)), runner.shape, runner.workspace
+            StepPlan((ScheduledChunk(seq, start, size),)),
+            runner.shape,
+            runner.workspace,
+            decode_kernel,
         )
         with torch.inference_mode():
             hidden = model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.attention)

@@ -1,0 +1,165 @@
+"""Native decode attention: a small C kernel built with the system's C compiler on first use.
+
+The kernel (`paged_decode.c`) reads each sequence's keys and values where they lie in the
+paged cache; the PyTorch path copies them into a padded batch first. The shared library is
+cached under `$TOLLGATE_KERNEL_CACHE` (default `~/.cache/tollgate/kernels`), keyed by the
+source, the compiler command and the CPU. Without a working compiler, or with
+`TOLLGATE_NATIVE_KERNELS=0`, `paged_decode()` returns None and attention stays in PyTorch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_decode.c")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+# q, cache, cache is bf16, block tables, context lengths, out, then the sizes (n, kv heads,
+# group, dim, block size, max blocks, slots), scale and threads.
+_SIGNATURE: list[type[ctypes.c_void_p | ctypes.c_int | ctypes.c_int64 | ctypes.c_float]] = [
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    *[ctypes.c_int64] * 7,
+    ctypes.c_float,
+    ctypes.c_int,
+]
+
+DecodeKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
+
+
+_OFF = ("0", "false", "no", "off")
+
+
+def enabled() -> bool:
+    return os.environ.get("TOLLGATE_NATIVE_KERNELS", "1").strip().lower() not in _OFF
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("TOLLGATE_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tollgate" / "kernels"
+
+
+def build(compiler: str | None = None, directory: Path | None = None) -> Path | None:
+    """The compiled library's path (compiling it when not cached), or None when it fails."""
+    command = shlex.split(compiler or os.environ.get("CC") or "cc")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join([source, " ".join(command + list(FLAGS)).encode(), _cpu_identity()])
+    ).hexdigest()[:16]
+    directory = directory or cache_dir()
+    target = directory / f"paged_decode-{key}.so"
+    if target.exists():
+        return target
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # Compile beside the target and rename: processes building at once never load a
+        # half-written library.
+        with tempfile.TemporaryDirectory(dir=directory) as scratch:
+            partial = Path(scratch) / target.name
+            subprocess.run(
+                [*command, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            os.replace(partial, target)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        log.warning(
+            "native decode attention unavailable, using PyTorch: %s %s",
+            exc,
+            detail.decode(errors="replace").strip()[:500],
+        )
+        return None
+    return target
+
+
+def load(path: Path) -> DecodeKernel:
+    function = ctypes.CDLL(str(path)).tollgate_paged_decode
+    function.restype = ctypes.c_int
+    function.argtypes = _SIGNATURE
+
+    def paged_decode(
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [n, H, D] float32, kv_cache: [2, KVH, slots, D] float32 or bfloat16,
+        block_tables: [n, max_blocks] int64, context_lens: [n] int64 -> [n, H * D]."""
+        n, heads, dim = q.shape
+        kv_heads, slots = kv_cache.shape[1], kv_cache.shape[2]
+        q = q.contiguous()
+        out = q.new_empty(n, heads * dim)
+        failed = function(
+            q.data_ptr(),
+            kv_cache.data_ptr(),
+            int(kv_cache.dtype == torch.bfloat16),
+            block_tables.data_ptr(),
+            context_lens.data_ptr(),
+            out.data_ptr(),
+            n,
+            kv_heads,
+            heads // kv_heads,
+            dim,
+            block_size,
+            block_tables.shape[1],
+            slots,
+            scale,
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("native decode attention could not allocate its scratch memory")
+        return out
+
+    return paged_decode
+
+
+def paged_decode() -> DecodeKernel | None:
+    """The decode kernel for this process, or None when native kernels are off or unavailable."""
+    return _built_kernel() if enabled() else None
+
+
+@functools.cache
+def _built_kernel() -> DecodeKernel | None:
+    path = build()
+    return load(path) if path else None
+
+
+def supports(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and kv_dtype in (torch.float32, torch.bfloat16)
+
+
+def _cpu_identity() -> bytes:
+    """The CPU's feature flags (the library is built for this CPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.machine().encode() + platform.processor().encode()

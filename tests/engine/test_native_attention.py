@@ -1,0 +1,105 @@
+"""The native decode kernel against the PyTorch path, and how it is built."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.batch_inputs import AttentionShape, _decode_batch, _decode_groups
+from engine.batcher import ScheduledChunk
+from engine.layers import native
+from engine.layers.paged_attention import PagedAttention, Workspace
+from engine.llm_engine import LLMEngine
+from engine.sampling import SamplingParams
+from engine.sequence import Sequence
+
+KERNEL = native.paged_decode()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the native kernel did not build here")
+
+
+def _decodes(lengths: list[int], block_size: int, num_blocks: int) -> list[ScheduledChunk]:
+    """One decode per length, each sequence on blocks drawn at random from the pool."""
+    free = list(range(num_blocks))
+    random.Random(0).shuffle(free)
+    chunks = []
+    for i, length in enumerate(sorted(lengths, reverse=True)):
+        seq = Sequence(str(i), [5] * length, SamplingParams())
+        seq.block_table = [free.pop() for _ in range(-(-length // block_size))]
+        chunks.append(ScheduledChunk(seq, length - 1, 1))
+    return chunks
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "kv_heads", "kv_dtype"),
+    [
+        (64, 8, 4, torch.float32),
+        (128, 4, 4, torch.float32),
+        (48, 8, 2, torch.float32),
+        (64, 8, 1, torch.bfloat16),
+        (128, 8, 2, torch.bfloat16),
+    ],
+)
+def test_kernel_matches_the_pytorch_decode(
+    head_dim: int, heads: int, kv_heads: int, kv_dtype: torch.dtype
+) -> None:
+    assert KERNEL is not None
+    block_size, num_blocks = 16, 160
+    torch.manual_seed(0)
+    cache = torch.randn(2, kv_heads, num_blocks * block_size, head_dim).to(kv_dtype)
+    chunks = _decodes([1, 5, 16, 17, 100, 333, 700], block_size, num_blocks)
+    q = torch.randn(len(chunks), heads, head_dim)
+    attention = PagedAttention(heads, kv_heads, head_dim, block_size)
+    shape = AttentionShape(block_size, kv_heads, heads // kv_heads)
+
+    workspace = Workspace(torch.float32)
+    expected = torch.cat(
+        [
+            attention._decode(q[g.token_start : g.token_start + g.num_seqs], cache, g, workspace)
+            for g in _decode_groups(chunks, shape, torch.float32)
+        ]
+    )
+    batch = _decode_batch(chunks, shape, KERNEL)
+    got = KERNEL(q, cache, batch.block_tables, batch.context_lens, block_size, attention.scale)
+
+    assert got.shape == (len(chunks), heads * head_dim)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+
+
+@needs_kernel
+def test_engine_gives_the_same_greedy_tokens_with_and_without_the_kernel(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(n)] for i, n in enumerate((3, 19, 41, 60))]
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    results = []
+    for kernel in (None, KERNEL):
+        engine = make_engine()
+        engine.runner.decode_kernel = kernel
+        results.append([r.token_ids for r in engine.generate(prompts, params)])
+    assert results[0] == results[1]
+
+
+def test_a_failing_compiler_leaves_attention_in_pytorch(tmp_path: Path) -> None:
+    assert native.build(compiler="false", directory=tmp_path) is None
+    assert list(tmp_path.glob("*.so")) == []
+
+
+@needs_kernel
+def test_the_library_is_built_once_per_source_compiler_and_cpu(tmp_path: Path) -> None:
+    first = native.build(directory=tmp_path)
+    assert first is not None
+    built_at = first.stat().st_mtime_ns
+    assert native.build(directory=tmp_path) == first
+    assert first.stat().st_mtime_ns == built_at
+    other = native.build(compiler="cc -g0", directory=tmp_path)
+    assert other is not None and other != first
+
+
+def test_the_kernel_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOLLGATE_NATIVE_KERNELS", "0")
+    assert native.paged_decode() is None
