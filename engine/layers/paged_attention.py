@@ -122,7 +122,16 @@ class PagedAttention(nn.Module):
         for span in meta.prefills:
             end = span.token_start + span.num_query
             rows = slice(span.token_start, end)
-            out[rows] = self._prefill(q[rows], k[rows], v[rows], kv_cache, span, meta.workspace)
+            # Projections of small batches come laid out transposed (see linear.py); the
+            # fused CPU attention kernel wants rows, else a slower path is taken.
+            out[rows] = self._prefill(
+                q[rows].contiguous(),
+                k[rows].contiguous(),
+                v[rows].contiguous(),
+                kv_cache,
+                span,
+                meta.workspace,
+            )
         return out
 
     def _gather(
