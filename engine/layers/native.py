@@ -26,7 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC", "-shared")
 # q, cache, cache is bf16, block tables, context lengths, out, then the sizes (n, kv heads,
 # group, dim, block size, max blocks, slots), scale and threads.
 _SIGNATURE: list[type[ctypes.c_void_p | ctypes.c_int | ctypes.c_int64 | ctypes.c_float]] = [
@@ -62,37 +62,42 @@ def cache_dir() -> Path:
 
 
 def build(compiler: str | None = None, directory: Path | None = None) -> Path | None:
-    """The compiled library's path (compiling it when not cached), or None when it fails."""
+    """The compiled library's path (compiling it when not cached), or None when it fails.
+
+    Built with OpenMP where the compiler has it; otherwise the kernel runs on one thread.
+    """
     command = shlex.split(compiler or os.environ.get("CC") or "cc")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\0".join([source, " ".join(command + list(FLAGS)).encode(), _cpu_identity()])
-    ).hexdigest()[:16]
     directory = directory or cache_dir()
+    errors = []
+    for flags in (FLAGS + ("-fopenmp",), FLAGS):
+        try:
+            return _build(command, flags, directory)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", b"") or b""
+            errors.append(f"{exc} {detail.decode(errors='replace').strip()[:300]}")
+    log.warning("native decode attention unavailable, using PyTorch: %s", " | ".join(errors))
+    return None
+
+
+def _build(command: list[str], flags: tuple[str, ...], directory: Path) -> Path:
+    key = hashlib.sha256(
+        b"\0".join([SOURCE.read_bytes(), " ".join(command + list(flags)).encode(), _cpu_identity()])
+    ).hexdigest()[:16]
     target = directory / f"paged_decode-{key}.so"
     if target.exists():
         return target
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        # Compile beside the target and rename: processes building at once never load a
-        # half-written library.
-        with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            partial = Path(scratch) / target.name
-            subprocess.run(
-                [*command, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            os.replace(partial, target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        log.warning(
-            "native decode attention unavailable, using PyTorch: %s %s",
-            exc,
-            detail.decode(errors="replace").strip()[:500],
+    directory.mkdir(parents=True, exist_ok=True)
+    # Compile beside the target and rename: processes building at once never load a
+    # half-written library.
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        partial = Path(scratch) / target.name
+        subprocess.run(
+            [*command, *flags, str(SOURCE), "-o", str(partial), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
-        return None
+        os.replace(partial, target)
     return target
 
 

@@ -125,7 +125,8 @@ static void attend_any(const Job *job, int64_t seq, int64_t head, float *scores,
 }
 
 /* Returns 0 on success, 1 when a thread could not allocate its scratch memory. Threads come
- * from the process's OpenMP runtime: inside PyTorch, the same pool its own operators use. */
+ * from the process's OpenMP runtime: inside PyTorch, the same pool its own operators use.
+ * Built without OpenMP, the pragmas are ignored and the kernel runs on the calling thread. */
 int tollgate_paged_decode(const float *q, const void *cache, int bf16, const int64_t *tables,
                           const int64_t *lens, float *out, int64_t n, int64_t kv_heads,
                           int64_t group, int64_t dim, int64_t block_size, int64_t max_blocks,

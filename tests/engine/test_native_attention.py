@@ -84,6 +84,19 @@ def test_engine_gives_the_same_greedy_tokens_with_and_without_the_kernel(
     assert results[0] == results[1]
 
 
+@needs_kernel
+def test_a_build_without_openmp_computes_the_same(tmp_path: Path) -> None:
+    assert KERNEL is not None
+    single = native.load(native._build(["cc"], native.FLAGS, tmp_path))
+    torch.manual_seed(1)
+    cache = torch.randn(2, 2, 64 * 16, 64)
+    chunks = _decodes([40, 300, 9], 16, 64)
+    batch = _decode_batch(chunks, AttentionShape(16, 2, 4), KERNEL)
+    q = torch.randn(3, 8, 64)
+    args = (q, cache, batch.block_tables, batch.context_lens, 16, 0.125)
+    assert torch.allclose(single(*args), KERNEL(*args), atol=1e-6)
+
+
 def test_a_failing_compiler_leaves_attention_in_pytorch(tmp_path: Path) -> None:
     assert native.build(compiler="false", directory=tmp_path) is None
     assert list(tmp_path.glob("*.so")) == []
