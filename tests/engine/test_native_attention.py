@@ -97,6 +97,17 @@ def test_a_build_without_openmp_computes_the_same(tmp_path: Path) -> None:
     assert torch.allclose(single(*args), KERNEL(*args), atol=1e-6)
 
 
+@needs_kernel
+def test_loading_the_kernel_leaves_the_process_floating_point_mode_alone(tmp_path: Path) -> None:
+    native.load(native.build(directory=tmp_path) or Path("missing"))
+
+    def scaled(x: float) -> float:
+        return x * 0.5
+
+    assert scaled(1e-320) > 0  # subnormals are not flushed to zero
+    assert torch.tensor([1e-40]).mul(0.5).item() > 0
+
+
 def test_a_failing_compiler_leaves_attention_in_pytorch(tmp_path: Path) -> None:
     assert native.build(compiler="false", directory=tmp_path) is None
     assert list(tmp_path.glob("*.so")) == []
