@@ -1,6 +1,7 @@
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Awaitable, Callable
 
 import sqlalchemy as sa
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -51,8 +52,10 @@ async def consume_all(
     *,
     min_events: int,
     consumer_class: type[TrackingConsumer] = TrackingConsumer,
+    until: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
-    """Runs a tracking consumer until `min_events` distinct effects exist."""
+    """Runs a tracking consumer until `min_events` distinct effects exist (and `until`
+    holds, when given)."""
     await create_effects_table(engine)
     consumer = consumer_class(
         engine,
@@ -68,7 +71,9 @@ async def consume_all(
         async def done() -> bool:
             if task.done():
                 return True
-            return len(await applied_effects(engine)) >= min_events
+            if len(await applied_effects(engine)) < min_events:
+                return False
+            return until is None or await until()
 
         await wait_for(done, timeout=30)
         await asyncio.sleep(0.5)  # let duplicates, if any, be processed too
@@ -126,6 +131,29 @@ async def test_crash_between_effect_and_offset_commit_applies_nothing_twice(
     assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}
 
 
+async def rewind_group(bootstrap: str, topic: str, offsets: dict[TopicPartition, int]) -> None:
+    """Joins GROUP, commits `offsets` as its member and leaves: a group seeked back."""
+    rewind = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=GROUP,
+        enable_auto_commit=False,
+        session_timeout_ms=2000,
+        heartbeat_interval_ms=500,
+    )
+    await rewind.start()
+    try:
+
+        async def assigned() -> bool:
+            await rewind.getmany(timeout_ms=100)
+            return set(offsets) <= rewind.assignment()
+
+        await wait_for(assigned, timeout=30)
+        await rewind.commit(offsets)
+    finally:
+        await rewind.stop()
+
+
 async def test_seeking_the_group_back_changes_no_state(
     store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
@@ -135,15 +163,16 @@ async def test_seeking_the_group_back_changes_no_state(
     assert await applied_effects(engine) == expected
 
     committed = await committed_offsets(kafka_bootstrap, kafka_topic)
-    rewind = AIOKafkaConsumer(
-        bootstrap_servers=kafka_bootstrap, group_id=GROUP, enable_auto_commit=False
-    )
-    await rewind.start()
-    rewind.assign(list(committed))
-    await rewind.commit({tp: max(0, (off or 0) - 3) for tp, off in committed.items()})
-    await rewind.stop()
+    rewound = {tp: max(0, off - 3) for tp, off in committed.items() if off is not None}
+    await rewind_group(kafka_bootstrap, kafka_topic, rewound)
+    now = await committed_offsets(kafka_bootstrap, kafka_topic)
+    assert {tp: now[tp] for tp in rewound} == rewound
 
-    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=10)
+    async def read_again() -> bool:
+        now = await committed_offsets(kafka_bootstrap, kafka_topic)
+        return all(now[tp] == committed[tp] for tp in rewound)
+
+    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=10, until=read_again)
     assert await applied_effects(engine) == expected
     async with engine.connect() as conn:
         tracked = await conn.scalar(sa.text("SELECT count(*) FROM consumer_tracking"))
