@@ -128,6 +128,17 @@ def load(path: Path) -> DecodeKernel:
     ) -> torch.Tensor:
         """q: [n, H, D] float32, kv_cache: [2, KVH, slots, D] float32 or bfloat16,
         block_tables: [n, max_blocks] int64, context_lens: [n] int64 -> [n, H * D]."""
+        # The kernel trusts its pointers: check what it assumes.
+        if (
+            q.dtype != torch.float32
+            or kv_cache.dtype not in (torch.float32, torch.bfloat16)
+            or not kv_cache.is_contiguous()
+            or block_tables.dtype != torch.long
+            or context_lens.dtype != torch.long
+            or not (block_tables.is_contiguous() and context_lens.is_contiguous())
+            or not block_tables.shape[0] == q.shape[0] == context_lens.shape[0]
+        ):
+            raise ValueError("paged_decode: unexpected dtype, layout or shape")
         n, heads, dim = q.shape
         kv_heads, slots = kv_cache.shape[1], kv_cache.shape[2]
         q = q.contiguous()

@@ -71,6 +71,25 @@ def test_kernel_matches_the_pytorch_decode(
 
 
 @needs_kernel
+def test_the_kernel_refuses_inputs_it_would_misread() -> None:
+    assert KERNEL is not None
+    cache = torch.zeros(2, 2, 64, 16)
+    tables, lens = torch.zeros(1, 4, dtype=torch.long), torch.tensor([3])
+    q = torch.zeros(1, 4, 16)
+    assert KERNEL(q, cache, tables, lens, 16, 0.25).shape == (1, 64)
+    bad = [
+        (q.double(), cache, tables, lens),
+        (q, cache.half(), tables, lens),
+        (q, cache.transpose(2, 3), tables, lens),
+        (q, cache, tables.int(), lens),
+        (q, cache, tables, torch.tensor([3, 3])),
+    ]
+    for args in bad:
+        with pytest.raises(ValueError):
+            KERNEL(*args, 16, 0.25)
+
+
+@needs_kernel
 def test_engine_gives_the_same_greedy_tokens_with_and_without_the_kernel(
     make_engine: Callable[..., LLMEngine],
 ) -> None:
