@@ -112,6 +112,10 @@ static inline __attribute__((always_inline)) void attend(const Job *job, int64_t
     }
 }
 
+static void attend_32(const Job *job, int64_t seq, int64_t head, float *scores, float *scratch) {
+    attend(job, seq, head, scores, scratch, 32);
+}
+
 static void attend_64(const Job *job, int64_t seq, int64_t head, float *scores, float *scratch) {
     attend(job, seq, head, scores, scratch, 64);
 }
@@ -137,7 +141,10 @@ int tollgate_paged_decode(const float *q, const void *cache, int bf16, const int
         if (lens[i] > job.max_len) job.max_len = lens[i];
     const int64_t rows = n * kv_heads * job.max_len;
     if (rows / ROWS_PER_THREAD + 1 < threads) threads = (int)(rows / ROWS_PER_THREAD + 1);
-    const AttendFn fn = dim == 64 ? attend_64 : dim == 128 ? attend_128 : attend_any;
+    const AttendFn fn = dim == 32    ? attend_32
+                        : dim == 64  ? attend_64
+                        : dim == 128 ? attend_128
+                                     : attend_any;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {

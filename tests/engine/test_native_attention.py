@@ -38,6 +38,7 @@ def _decodes(lengths: list[int], block_size: int, num_blocks: int) -> list[Sched
     ("head_dim", "heads", "kv_heads", "kv_dtype"),
     [
         (64, 8, 4, torch.float32),
+        (32, 8, 4, torch.float32),
         (128, 4, 4, torch.float32),
         (48, 8, 2, torch.float32),
         (64, 8, 1, torch.bfloat16),
