@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +22,11 @@ import torch.nn.functional as F
 ROWS = (1, 4, 16, 64, 128, 512)
 
 
-def _best_of(repeats: int, run: object) -> float:
+def _best_of(repeats: int, run: Callable[[], None]) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        run()  # type: ignore[operator]
+        run()
         best = min(best, time.perf_counter() - start)
     return best
 

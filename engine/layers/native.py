@@ -130,8 +130,9 @@ def load(path: Path) -> DecodeKernel:
         block_tables: [n, max_blocks] int64, context_lens: [n] int64 -> [n, H * D]."""
         # The kernel trusts its pointers: check what it assumes.
         if (
-            q.dtype != torch.float32
-            or kv_cache.dtype not in (torch.float32, torch.bfloat16)
+            not supports(q.dtype, kv_cache.dtype)
+            or q.shape[2] != kv_cache.shape[3]
+            or q.shape[1] % kv_cache.shape[1] != 0
             or not kv_cache.is_contiguous()
             or block_tables.dtype != torch.long
             or context_lens.dtype != torch.long
