@@ -14,7 +14,7 @@ from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
 from services.admission.hints import QueuedHints
 from services.admission.requests import Limits
 from services.admission.servicer import AdminServicer, GatewayServicer
-from services.admission.stream import LiveTail
+from services.admission.stream import RunFeed
 from services.core.config import CommonSettings, env_float, env_int, env_map, env_str
 from services.core.db import create_engine
 from services.core.eventstore import EventStore
@@ -83,10 +83,10 @@ async def main() -> None:
     settings = AdmissionSettings.from_env()
     engine = create_engine(settings.common.database_url)
     catalog = ModelCatalog.load(settings.models)
-    tail = LiveTail(settings.common.kafka_bootstrap, settings.common.topic)
+    feed = RunFeed(settings.common.database_url)
     scheduler = None
     background = [
-        tail.run(),
+        feed.run(),
         OutboxRelay(engine, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
     ]
     depth = QueueDepth()
@@ -99,7 +99,7 @@ async def main() -> None:
     gateway = Gateway(
         engine,
         catalog,
-        tail,
+        feed,
         Canceller(EventStore(engine), scheduler),
         settings.config,
         depth,

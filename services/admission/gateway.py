@@ -23,7 +23,7 @@ from services.admission.requests import (
     context_violation,
     validate,
 )
-from services.admission.stream import LiveTail, stream_events
+from services.admission.stream import RunFeed, stream_events
 from services.core.errors import IdempotencyKeyReused, Unavailable
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
 from services.core.runs import TERMINAL_STATES, RunState, RunView
@@ -49,7 +49,7 @@ class Gateway:
         self,
         engine: AsyncEngine,
         catalog: ModelCatalog,
-        tail: LiveTail,
+        feed: RunFeed,
         canceller: Canceller,
         config: GatewayConfig,
         queue_depth: QueueDepth | None = None,
@@ -59,7 +59,7 @@ class Gateway:
         self.engine = engine
         self.store = EventStore(engine)
         self.catalog = catalog
-        self.tail = tail
+        self.feed = feed
         self.canceller = canceller
         self.config = config
         self.queue_depth = queue_depth
@@ -140,7 +140,7 @@ class Gateway:
         self._attached[run_id] += 1
         ended = False
         try:
-            async for event in stream_events(self.store, self.tail, run_id, after_seq, stop_kinds):
+            async for event in stream_events(self.store, self.feed, run_id, after_seq, stop_kinds):
                 ended = ended or event.state in _ENDED_STATES
                 yield event
         finally:

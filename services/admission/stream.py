@@ -1,10 +1,12 @@
-"""A run's events for a client: catch-up from the event store, then live from Kafka.
+"""A run's events for a client, as their transactions commit.
 
-The live tail subscribes before the catch-up read, so nothing committed in
-between is missed; a live event that is not the next seq (Kafka redelivery,
-lag, or a lost record) sends the reader back to the event store, which is the
-truth.  With nothing live for a while the store is read again, so a stalled
-relay or broker slows a stream down but never stops it.
+Every append sends a notice when it commits, carrying its events
+(`services.core.eventstore.parse_notice`). `RunFeed` listens and hands the
+notices of a run to that run's streams. A stream first reads the store, then
+takes events from the notices while each is the next seq; anything else (a
+notice without its events, a gap, a reconnected listener, or silence for a
+while) sends it back to the store, which is the truth. A lost notice costs
+latency, never an event.
 """
 
 from __future__ import annotations
@@ -14,59 +16,64 @@ import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Collection, Iterator
 
+import psycopg
 import structlog
-from aiokafka import AIOKafkaConsumer
 
-from services.core.codec import kind_of, to_proto
-from services.core.eventstore import EventStore
-from services.core.runs import RunState
+from services.core.codec import to_proto
+from services.core.db import EVENTS_CHANNEL, libpq_url
+from services.core.eventstore import EventStore, parse_notice
+from services.core.runs import RunState, StoredEvent
 from tollgate.v1 import events_pb2
 
 log = structlog.get_logger(__name__)
 
+# What a stream is handed: events from a notice, or None for "read the store".
+Notice = list[StoredEvent] | None
 
-class LiveTail:
-    """Fans the run-events topic out to per-run subscribers of this process."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self._subscribers: defaultdict[str, set[asyncio.Queue[events_pb2.RunEvent]]] = defaultdict(
-            set
-        )
-        self.started = asyncio.Event()
+class RunFeed:
+    """Hands each committed append's events to the subscribers of its run."""
+
+    def __init__(self, database_url: str, *, retry_interval: float = 1.0) -> None:
+        self.conninfo = libpq_url(database_url)
+        self.retry_interval = retry_interval
+        self._subscribers: defaultdict[str, set[asyncio.Queue[Notice]]] = defaultdict(set)
+        self.listening = asyncio.Event()
 
     async def run(self) -> None:
-        consumer = AIOKafkaConsumer(
-            self.topic,
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            auto_offset_reset="latest",
-            # Short fetch waits keep a live token close to its commit.
-            fetch_max_wait_ms=20,
-        )
-        await consumer.start()
-        self.started.set()
-        try:
-            while True:
-                batches = await consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    for record in records:
-                        self._deliver(record.key, record.value)
-        finally:
-            await consumer.stop()
+        """Listens until cancelled, reconnecting after database trouble."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.conninfo, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    self.listening.set()
+                    self._send_all(None)  # whatever committed while nobody listened
+                    async for notify in conn.notifies():
+                        self._deliver(notify.payload)
+            except psycopg.Error as error:
+                log.warning("event feed interrupted", error=str(error))
+            self.listening.clear()
+            await asyncio.sleep(self.retry_interval)
 
-    def _deliver(self, key: bytes | None, value: bytes | None) -> None:
-        queues = self._subscribers.get(key.decode()) if key else None
-        if not queues or value is None:
-            return
-        event = events_pb2.RunEvent.FromString(value)
+    def _deliver(self, notice: str) -> None:
+        run_id = notice.partition(" ")[0]
+        queues = self._subscribers.get(run_id)
+        if not queues:
+            return  # parsed only for runs someone follows here
+        events = parse_notice(notice)[1]
         for queue in queues:
-            queue.put_nowait(event)
+            queue.put_nowait(events)
+
+    def _send_all(self, notice: Notice) -> None:
+        for queues in self._subscribers.values():
+            for queue in queues:
+                queue.put_nowait(notice)
 
     @contextlib.contextmanager
-    def subscribe(self, run_id: str) -> Iterator[asyncio.Queue[events_pb2.RunEvent]]:
-        queue: asyncio.Queue[events_pb2.RunEvent] = asyncio.Queue()
+    def subscribe(self, run_id: str) -> Iterator[asyncio.Queue[Notice]]:
+        queue: asyncio.Queue[Notice] = asyncio.Queue()
         self._subscribers[run_id].add(queue)
         try:
             yield queue
@@ -78,7 +85,7 @@ class LiveTail:
 
 async def stream_events(
     store: EventStore,
-    tail: LiveTail,
+    feed: RunFeed,
     run_id: str,
     after_seq: int,
     stop_kinds: Collection[RunState],
@@ -88,13 +95,14 @@ async def stream_events(
 ) -> AsyncIterator[events_pb2.RunEvent]:
     """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`.
 
-    A run that stays silent (queued behind others, or a stalled relay) is re-read from
-    the store after `poll_interval`, then twice as long each time up to
-    `max_poll_interval`, so waiting streams cost the database little.
+    Subscribed before the first read, so nothing committed in between is missed.
+    A run that stays silent (queued behind others) is re-read from the store after
+    `poll_interval`, then twice as long each time up to `max_poll_interval`, so
+    waiting streams cost the database little.
     """
     last = seen = after_seq
     wait = poll_interval
-    with tail.subscribe(run_id) as live:
+    with feed.subscribe(run_id) as notices:
         while True:
             caught_up = await store.read(run_id, after_seq=last)
             for stored in caught_up:
@@ -106,10 +114,10 @@ async def stream_events(
                 return
             wait = poll_interval if last != seen else min(2 * wait, max_poll_interval)
             seen = last
-            async for event in _live_run(live, last, wait):
-                yield event
-                last = event.seq
-                if kind_of(event) in stop_kinds:
+            async for stored in _live(notices, last, wait):
+                yield to_proto(stored)
+                last = stored.seq
+                if stored.kind in stop_kinds:
                     return
 
 
@@ -123,18 +131,21 @@ async def _ended_before(
     return run.state == RunState.BILLED or run.state in stop_kinds
 
 
-async def _live_run(
-    live: asyncio.Queue[events_pb2.RunEvent], last: int, poll_interval: float
-) -> AsyncIterator[events_pb2.RunEvent]:
-    """Live events while they arrive exactly in sequence; returns to re-read the store."""
+async def _live(
+    notices: asyncio.Queue[Notice], last: int, timeout: float
+) -> AsyncIterator[StoredEvent]:
+    """Events from notices while each is the next seq; returns to read the store."""
     while True:
         try:
-            event = await asyncio.wait_for(live.get(), poll_interval)
+            events = await asyncio.wait_for(notices.get(), timeout)
         except TimeoutError:
             return
-        if event.seq <= last:
-            continue  # already delivered (a duplicate, or covered by the catch-up read)
-        if event.seq != last + 1:
-            return  # a gap: the store fills it
-        yield event
-        last = event.seq
+        if events is None:
+            return
+        for event in events:
+            if event.seq <= last:
+                continue  # already sent (read from the store meanwhile)
+            if event.seq != last + 1:
+                return  # a gap: the store fills it
+            yield event
+            last = event.seq

@@ -3,7 +3,13 @@
 An append runs in one transaction: it locks the run's projection row, checks
 the expected seq and the lease epoch, folds the new events through the state
 machine (services.core.runs), writes the events, the projection and the outbox
-rows, and notifies the relay.  Any failure raises and writes nothing.
+rows, and sends a notice on EVENTS_CHANNEL, delivered when it commits.  Any
+failure raises and writes nothing.
+
+The notice reads `<run_id> <json>` and carries the appended events themselves
+(`parse_notice`), or only `<run_id>` when they would not fit in a notification.
+It wakes the outbox relay, and lets admission stream a run's events without
+reading them back.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -163,8 +170,11 @@ def _projection(view: RunView) -> dict[str, Any]:
     }
 
 
+# PostgreSQL refuses notification payloads of 8000 bytes or more.
+NOTICE_MAX_BYTES = 7999
+
 # One round trip for any number of events: the events, their outbox rows and
-# the relay's wake-up.
+# the notice (identical for every row, so sent once).
 _INSERT_EVENTS = """
     WITH ev AS (
         INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
@@ -174,8 +184,20 @@ _INSERT_EVENTS = """
         RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
     ), ob AS (
         INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev
+    ), notice AS (
+        SELECT %(run_id)s::text || ' ' || json_build_object(
+            'tenant_id', %(tenant_id)s::text,
+            'traceparent', %(traceparent)s::text,
+            'events', json_agg(json_build_object(
+                'seq', seq, 'kind', kind, 'payload', payload, 'created_at', created_at
+            ) ORDER BY seq)
+        )::text AS text FROM ev
     )
-    SELECT ev.*, pg_notify(%(channel)s, %(run_id)s) AS notified FROM ev ORDER BY seq
+    SELECT ev.*, pg_notify(
+        %(channel)s,
+        CASE WHEN octet_length(notice.text) <= %(notice_max)s THEN notice.text ELSE %(run_id)s END
+    ) AS notified
+    FROM ev, notice ORDER BY seq
 """
 
 
@@ -192,9 +214,30 @@ async def _insert_events(
             "kinds": [str(event.kind) for event in append.events],
             "payloads": [json.dumps(dict(event.payload)) for event in append.events],
             "channel": EVENTS_CHANNEL,
+            "notice_max": NOTICE_MAX_BYTES,
         },
     )
     return [event_from_row(row) for row in await cursor.fetchall()]
+
+
+def parse_notice(notice: str) -> tuple[str, list[StoredEvent] | None]:
+    """The run id of an append's notice, and its events (None when they did not fit)."""
+    run_id, _, body = notice.partition(" ")
+    if not body:
+        return run_id, None
+    append = json.loads(body)
+    return run_id, [
+        StoredEvent(
+            run_id=run_id,
+            seq=event["seq"],
+            kind=RunState(event["kind"]),
+            tenant_id=append["tenant_id"],
+            payload=event["payload"],
+            created_at=datetime.fromisoformat(event["created_at"]),
+            traceparent=append["traceparent"],
+        )
+        for event in append["events"]
+    ]
 
 
 def view_from_row(row: Mapping[Any, Any]) -> RunView:

@@ -20,7 +20,7 @@ from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import Limits
 from services.admission.servicer import AdminServicer, GatewayServicer
-from services.admission.stream import LiveTail
+from services.admission.stream import RunFeed
 from services.admission.tenants import TenantRepository
 from services.core.db import create_engine
 from services.core.eventstore import EventStore
@@ -58,11 +58,11 @@ async def admission(
 ) -> AsyncIterator[Admission]:
     engine = create_engine(database_url)
     store = EventStore(engine)
-    tail = LiveTail(kafka_bootstrap, kafka_topic)
+    feed = RunFeed(database_url)
     gateway = Gateway(
         engine,
         ModelCatalog.load({MODEL: str(tiny_model_dir)}),
-        tail,
+        feed,
         Canceller(store, None),
         GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), block_size=16),
     )
@@ -76,10 +76,10 @@ async def admission(
     server, port, _ = create_server("127.0.0.1:0", add)
     await server.start()
     tasks = [
-        asyncio.create_task(tail.run()),
+        asyncio.create_task(feed.run()),
         asyncio.create_task(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic).run()),
     ]
-    await asyncio.wait_for(tail.started.wait(), 20)
+    await asyncio.wait_for(feed.listening.wait(), 20)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield Admission(

@@ -16,7 +16,7 @@ from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
 from services.admission.requests import GenerateParams, Limits, Sampling
-from services.admission.stream import LiveTail
+from services.admission.stream import RunFeed
 from services.core.errors import QuotaExceeded, Unavailable
 from tests.services.admission.conftest import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
@@ -332,7 +332,7 @@ def direct_gateway(admission: Admission, model_dir: Path, **options: Any) -> Gat
     return Gateway(
         admission.engine,
         ModelCatalog.load({MODEL: str(model_dir)}),
-        LiveTail("unused:9092", "unused"),
+        RunFeed(admission.store.engine.url.render_as_string(hide_password=False)),
         Canceller(admission.store, None),
         GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), max_queue_depth=3),
         **options,

@@ -1,15 +1,18 @@
 import asyncio
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import EVENTS_CHANNEL, libpq_url
 from services.core.eventstore import (
     ConcurrencyConflict,
     EventStore,
     IdempotencyKeyTaken,
     RunNotFound,
     StaleLease,
+    parse_notice,
 )
 from services.core.runs import IllegalTransition, NewEvent, NewRun, RunState
 from tests.services.core.events import new_run_id, seqs, start_run, streaming
@@ -155,3 +158,24 @@ async def test_text_with_nul_characters_round_trips(store: EventStore) -> None:
         run_id, 1, [NewEvent(S.PREFILL), NewEvent(S.STREAMING, {"token_ids": [0], "text": text})]
     )
     assert (await store.read(run_id, after_seq=2))[0].payload["text"] == text
+
+
+async def test_the_notice_carries_the_events_as_stored(
+    store: EventStore, database_url: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        libpq_url(database_url), autocommit=True
+    ) as listener:
+        await listener.execute(f"LISTEN {EVENTS_CHANNEL}")
+        run_id = await start_run(store)
+        await store.append(run_id, 1, [NewEvent(RunState.PREFILL), streaming(7, 8)])
+        await store.append(
+            run_id, 3, [streaming(9), NewEvent(RunState.STREAMING, {"text": "x" * 9000})]
+        )
+        notices = [n.payload async for n in listener.notifies(timeout=5, stop_after=3)]
+    parsed = [parse_notice(notice) for notice in notices]
+    assert [run for run, _ in parsed] == [run_id] * 3
+    assert [[e.seq for e in events or ()] for _, events in parsed] == [[1], [2, 3], []]
+    assert parsed[2][1] is None  # too large to carry: the run id alone
+    stored = await store.read(run_id)
+    assert [*parsed[0][1], *parsed[1][1]] == stored[:3]

@@ -1,0 +1,118 @@
+"""A stream follows commits, survives a lost listener, and falls back to reading the store."""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+
+from services.admission.stream import RunFeed, stream_events
+from services.core.db import EVENTS_CHANNEL, create_engine
+from services.core.eventstore import EventStore
+from services.core.runs import RunState
+from tests.services.admission.worker_double import finish_run
+from tests.services.core.events import start_run
+
+UNTIL_BILLED = frozenset({RunState.BILLED})
+# Longer than any test waits: only a wake-up can deliver in time.
+NO_POLLING = 600.0
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[EventStore]:
+    engine = create_engine(database_url)
+    yield EventStore(engine)
+    await engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def listening(feed: RunFeed) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(feed.run())
+    try:
+        await asyncio.wait_for(feed.listening.wait(), 20)
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def collect(store: EventStore, feed: RunFeed, run_id: str, poll_interval: float) -> list[int]:
+    events = stream_events(
+        store,
+        feed,
+        run_id,
+        0,
+        UNTIL_BILLED,
+        poll_interval=poll_interval,
+        max_poll_interval=poll_interval,
+    )
+    return [event.seq async for event in events]
+
+
+async def test_commits_reach_the_stream(store: EventStore, database_url: str) -> None:
+    feed = RunFeed(database_url)
+    run_id = await start_run(store)
+    async with listening(feed):
+        reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
+        await asyncio.sleep(0.2)  # the reader has sent `queued` and waits
+        await finish_run(store, run_id, list(range(10)), ["t"] * 10)
+        assert await asyncio.wait_for(reader, 10) == list(range(1, 15))
+
+
+async def test_an_event_too_large_for_a_notice_is_read_from_the_store(
+    store: EventStore, database_url: str
+) -> None:
+    feed = RunFeed(database_url)
+    run_id = await start_run(store)
+    async with listening(feed):
+        reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
+        await asyncio.sleep(0.2)
+        await finish_run(store, run_id, [1, 2, 3], ["a", "b" * 10_000, "c"])
+        assert await asyncio.wait_for(reader, 10) == list(range(1, 8))
+
+
+async def test_without_a_listener_the_store_is_polled(store: EventStore, database_url: str) -> None:
+    feed = RunFeed(database_url)  # never started
+    run_id = await start_run(store)
+    reader = asyncio.create_task(collect(store, feed, run_id, 0.05))
+    await finish_run(store, run_id, [1, 2, 3], ["a", "b", "c"])
+    assert await asyncio.wait_for(reader, 10) == list(range(1, 8))
+
+
+async def test_events_committed_while_the_listener_was_down_arrive(
+    store: EventStore, database_url: str
+) -> None:
+    feed = RunFeed(database_url, retry_interval=0.5)
+    run_id = await start_run(store)
+    async with listening(feed):
+        reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
+        await asyncio.sleep(0.2)
+        async with store.engine.connect() as conn:
+            ended = await conn.scalar(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE query = :listen AND datname = current_database()"
+                ),
+                {"listen": f"LISTEN {EVENTS_CHANNEL}"},
+            )
+        assert ended == 1
+        while feed.listening.is_set():
+            await asyncio.sleep(0.01)
+        # Committed while nobody listens: its notification is lost.
+        await finish_run(store, run_id, [1, 2], ["a", "b"])
+        assert await asyncio.wait_for(reader, 10) == list(range(1, 7))
+        assert feed.listening.is_set()
+
+
+async def test_a_stream_of_an_ended_run_stops_at_its_last_event(
+    store: EventStore, database_url: str
+) -> None:
+    feed = RunFeed(database_url)
+    run_id = await start_run(store)
+    await finish_run(store, run_id, [1], ["a"])
+    events = stream_events(store, feed, run_id, 5, UNTIL_BILLED, poll_interval=NO_POLLING)
+    assert [e.seq async for e in events] == []
+    stored = await store.read(run_id)
+    assert stored[-1].kind == RunState.BILLED and stored[-1].seq == 5
