@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from services.admission.requests import GenerateParams
 from services.core.errors import NotFound, QuotaExceeded
 from services.core.eventstore import Append, append_in, view_from_row
-from services.core.runs import NewEvent, NewRun, RunState, RunView
+from services.core.runs import NewEvent, NewRun, RunState, RunView, StoredEvent
 from services.core.schema import runs, tenants
 
 QUOTA_RETRY_SECONDS = 2.0
@@ -40,7 +40,16 @@ class Admission:
         }
 
 
-async def admit(engine: AsyncEngine, admission: Admission) -> None:
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What admitting stored: enough for the scheduler to queue the run as it is."""
+
+    admission: Admission
+    queued: StoredEvent
+    tenant_weight: int
+
+
+async def admit(engine: AsyncEngine, admission: Admission) -> Admitted:
     """Appends `queued`, then checks the tenant's quotas and reserves KV blocks.
 
     Raises QuotaExceeded, or IdempotencyKeyTaken when another run holds the key. The
@@ -56,10 +65,11 @@ async def admit(engine: AsyncEngine, admission: Admission) -> None:
             request_hash=admission.params.request_hash(),
         )
         event = NewEvent(RunState.QUEUED, admission.queued_payload())
-        await append_in(
+        [queued] = await append_in(
             conn, Append(admission.run_id, 0, [event], new_run, None, admission.traceparent)
         )
-        await _reserve(conn, admission)
+        weight = await _reserve(conn, admission)
+    return Admitted(admission, queued, weight)
 
 
 # Counts the tenant's open reservations and inserts this run's when both quotas allow it.
@@ -82,10 +92,11 @@ _RESERVE = sa.text(
 )
 
 
-async def _reserve(conn: AsyncConnection, admission: Admission) -> None:
+async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
+    """Reserves the run's KV blocks within the tenant's quotas; returns the tenant's weight."""
     tenant = (
         await conn.execute(
-            sa.select(tenants.c.max_kv_blocks, tenants.c.max_concurrent_runs)
+            sa.select(tenants.c.max_kv_blocks, tenants.c.max_concurrent_runs, tenants.c.weight)
             .where(tenants.c.tenant_id == admission.tenant_id)
             .with_for_update()
         )
@@ -106,7 +117,7 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> None:
         )
     ).one()
     if reserved:
-        return
+        return int(tenant.weight)
     if max_blocks and open_blocks + admission.num_blocks > max_blocks:
         raise QuotaExceeded(
             f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_blocks}",

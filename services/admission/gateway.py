@@ -13,7 +13,7 @@ import structlog
 from prometheus_client import Counter as MetricCounter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.admission.admit import Admission, admit, find_by_idempotency_key
+from services.admission.admit import Admission, Admitted, admit, find_by_idempotency_key
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.requests import (
@@ -53,9 +53,9 @@ class Gateway:
         canceller: Canceller,
         config: GatewayConfig,
         queue_depth: QueueDepth | None = None,
-        on_queued: Callable[[str], None] | None = None,
+        on_queued: Callable[[Admitted], None] | None = None,
     ) -> None:
-        """`on_queued` is told each new run id once its `queued` event is committed."""
+        """`on_queued` is told of each new run once its `queued` event is committed."""
         self.engine = engine
         self.store = EventStore(engine)
         self.catalog = catalog
@@ -99,13 +99,13 @@ class Gateway:
             span.set_attribute("tollgate.run_id", admission.run_id)
             span.set_attribute("gen_ai.usage.input_tokens", len(prompt_token_ids))
             try:
-                await admit(self.engine, admission)
+                admitted = await admit(self.engine, admission)
             except IdempotencyKeyTaken:
                 existing = await self._existing(tenant_id, params)
                 assert existing is not None
                 return self._same_request(existing, params)
         if self.on_queued is not None:
-            self.on_queued(admission.run_id)
+            self.on_queued(admitted)
         ADMITTED.labels(params.model, params.priority).inc()
         self._grace[admission.run_id] = params.disconnect_grace
         log.info(

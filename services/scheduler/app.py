@@ -82,6 +82,7 @@ class SchedulerApp:
             heartbeat_interval=settings.heartbeat_interval,
             on_register=self.liveness.poll_now.set,
             on_queued=self.intake.take,
+            on_hinted=self.intake.take_hinted,
         )
         metrics.observe_state(self.state)
 

@@ -48,6 +48,36 @@ class QueuedRun:
         )
 
 
+def queued_run(
+    *,
+    run_id: str,
+    tenant_id: str,
+    model: str,
+    priority: str,
+    last_seq: int,
+    payload: Mapping[str, Any],
+    traceparent: str,
+    created_at: float,
+    queued_at: float,
+    weight: int,
+    block_size: int,
+) -> QueuedRun:
+    """A QueuedRun from the projection's columns and its latest `queued` event."""
+    return QueuedRun(
+        run_id=run_id,
+        tenant_id=tenant_id,
+        model=model,
+        queue_class=queue_class_of(priority),
+        last_seq=last_seq,
+        payload=payload,
+        traceparent=traceparent,
+        created_at=created_at,
+        queued_at=queued_at,
+        weight=weight,
+        kv_blocks=kv_blocks_of(payload, block_size),
+    )
+
+
 def kv_blocks_of(payload: Mapping[str, Any], block_size: int) -> int:
     """The blocks admission reserved, or what prompt + max_tokens need."""
     reserved = int(payload.get("kv_blocks_reserved", 0) or 0)

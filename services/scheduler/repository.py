@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.runs import RunState
 from services.core.schema import run_events, runs, tenants
-from services.scheduler.records import QueuedRun, RunStatus, kv_blocks_of, queue_class_of
+from services.scheduler.records import QueuedRun, RunStatus, queued_run
 
 ACTIVE_STATES = (str(RunState.PREFILL), str(RunState.STREAMING))
 
@@ -69,19 +69,18 @@ class SchedulerRepository:
             return [self._queued_run(row._mapping) for row in await conn.execute(query)]
 
     def _queued_run(self, row: sa.RowMapping) -> QueuedRun:
-        payload = row["payload"]
-        return QueuedRun(
+        return queued_run(
             run_id=row["run_id"],
             tenant_id=row["tenant_id"],
             model=row["model"],
-            queue_class=queue_class_of(row["priority"]),
+            priority=row["priority"],
             last_seq=row["last_seq"],
-            payload=payload,
+            payload=row["payload"],
             traceparent=row["traceparent"],
             created_at=row["created_at"].timestamp(),
             queued_at=row["queued_at"].timestamp(),
             weight=row["weight"],
-            kv_blocks=kv_blocks_of(payload, self.block_size),
+            block_size=self.block_size,
         )
 
     async def lease_if_queued(self, run_id: str, owner: str) -> tuple[int, int] | None:

@@ -23,12 +23,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         heartbeat_interval: float,
         on_register: Callable[[], None] = lambda: None,
         on_queued: Callable[[Collection[str]], Awaitable[int]] | None = None,
+        on_hinted: Callable[[Collection[scheduler_pb2.HintedRun]], int] | None = None,
     ) -> None:
         self.state = state
         self.canceller = canceller
         self.heartbeat_interval = heartbeat_interval
         self.on_register = on_register
         self.on_queued = on_queued
+        self.on_hinted = on_hinted
 
     @rpc_errors
     async def GetQueueStats(
@@ -82,9 +84,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def RunsQueued(
         self, request: scheduler_pb2.RunsQueuedRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.RunsQueuedResponse:
-        if self.on_queued is None or not request.run_ids:
-            return scheduler_pb2.RunsQueuedResponse()
-        return scheduler_pb2.RunsQueuedResponse(num_taken=await self.on_queued(request.run_ids))
+        taken = 0
+        if self.on_hinted is not None and request.runs:
+            taken += self.on_hinted(request.runs)
+        if self.on_queued is not None and request.run_ids:
+            taken += await self.on_queued(request.run_ids)
+        return scheduler_pb2.RunsQueuedResponse(num_taken=taken)
 
 
 def _require(**fields: str) -> None:

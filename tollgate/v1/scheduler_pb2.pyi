@@ -1,8 +1,11 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -71,10 +74,34 @@ class SchedulerCancelRunResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
 
 class RunsQueuedRequest(_message.Message):
-    __slots__ = ("run_ids",)
+    __slots__ = ("run_ids", "runs")
     RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     run_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[HintedRun]
+    def __init__(self, run_ids: _Optional[_Iterable[str]] = ..., runs: _Optional[_Iterable[_Union[HintedRun, _Mapping]]] = ...) -> None: ...
+
+class HintedRun(_message.Message):
+    __slots__ = ("run_id", "tenant_id", "model", "priority", "last_seq", "queued_payload_json", "traceparent", "queued_at", "tenant_weight")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_AT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tenant_id: str
+    model: str
+    priority: str
+    last_seq: int
+    queued_payload_json: str
+    traceparent: str
+    queued_at: _timestamp_pb2.Timestamp
+    tenant_weight: int
+    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., model: _Optional[str] = ..., priority: _Optional[str] = ..., last_seq: _Optional[int] = ..., queued_payload_json: _Optional[str] = ..., traceparent: _Optional[str] = ..., queued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant_weight: _Optional[int] = ...) -> None: ...
 
 class RunsQueuedResponse(_message.Message):
     __slots__ = ("num_taken",)

@@ -1,5 +1,6 @@
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,16 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from services.admission.admit import Admission as NewAdmission
-from services.admission.admit import admit
+from services.admission.admit import Admitted, admit
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
+from services.admission.hints import hinted_run
 from services.admission.requests import GenerateParams, Limits, Sampling
 from services.admission.stream import RunFeed
 from services.core.errors import QuotaExceeded, Unavailable
+from services.scheduler.intake import run_from_hint
+from services.scheduler.repository import SchedulerRepository
 from tests.services.admission.conftest import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
 from tollgate.v1 import events_pb2, gateway_pb2
@@ -346,12 +350,20 @@ def params(key: str) -> GenerateParams:
 async def test_the_scheduler_hears_of_each_new_run_once(
     admission: Admission, tiny_model_dir: Path
 ) -> None:
-    tenant_id, _ = await admission.new_tenant_key("hinted")
-    hinted: list[str] = []
+    tenant = await admission.tenants.create("hinted", 3)
+    hinted: list[Admitted] = []
     gateway = direct_gateway(admission, tiny_model_dir, on_queued=hinted.append)
-    run_id = await gateway.submit(tenant_id, params("once"))
-    assert await gateway.submit(tenant_id, params("once")) == run_id
-    assert hinted == [run_id]
+    run_id = await gateway.submit(tenant.tenant_id, params("once"))
+    assert await gateway.submit(tenant.tenant_id, params("once")) == run_id
+    [admitted] = hinted
+    # The scheduler queues the hinted run as it would read it from the store; only the
+    # creation time is its `queued` event's, a statement later than the projection row's.
+    repository = SchedulerRepository(admission.engine, block_size=16)
+    [stored] = await repository.load_queued([run_id])
+    from_hint = run_from_hint(hinted_run(admitted), 16)
+    assert 0 <= from_hint.created_at - stored.created_at < 1.0
+    assert replace(from_hint, created_at=stored.created_at) == stored
+    assert stored.weight == 3 and stored.kv_blocks > 0 and stored.prompt_token_ids
 
 
 async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(

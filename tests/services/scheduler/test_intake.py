@@ -1,5 +1,6 @@
 """Intake from Kafka and fairness across tenants of different weights."""
 
+import json
 from collections import Counter
 
 from prometheus_client import REGISTRY
@@ -62,6 +63,42 @@ async def test_a_hint_from_admission_dispatches_a_run_without_kafka(
     assert (await scheduler.stub.RunsQueued(hint)).num_taken == 1
     await wait_for(lambda: worker.assignment(run_id), timeout=10)
     assert (await scheduler.stub.RunsQueued(hint)).num_taken == 0  # a repeated hint
+
+
+async def test_a_hinted_run_is_queued_without_reading_it_and_leased_only_if_queued(
+    store: EventStore, start_scheduler, fake_workers
+) -> None:
+    worker = await fake_workers("w1")
+    scheduler = await start_scheduler(
+        {"w1": worker.address}, rescan_seconds=60, kafka_bootstrap="127.0.0.1:9"
+    )
+    run_id = await queue_run(store)
+    [queued] = await store.read(run_id)
+    ended = await queue_run(store)
+    await store.append(ended, 1, [NewEvent(RunState.CANCELLED, {"reason": "client"})])
+
+    def hint(run: str) -> scheduler_pb2.HintedRun:
+        described = scheduler_pb2.HintedRun(
+            run_id=run,
+            tenant_id="t1",
+            model="tiny",
+            priority="interactive",
+            last_seq=1,
+            # Unlike the stored payload (max_tokens 13): the scheduler takes the hint's word.
+            queued_payload_json=json.dumps({**queued.payload, "sampling": {"max_tokens": 9}}),
+            tenant_weight=1,
+        )
+        described.queued_at.FromDatetime(queued.created_at)
+        return described
+
+    request = scheduler_pb2.RunsQueuedRequest(runs=[hint(run_id), hint(ended)])
+    assert (await scheduler.stub.RunsQueued(request)).num_taken == 2
+    await wait_for(lambda: worker.assignment(run_id), timeout=10)
+    assert worker.assignment(run_id).sampling.max_tokens == 9  # type: ignore[union-attr]
+    # The cancelled run was taken on the hint's word, but never leased or assigned.
+    await wait_for(lambda: _depth_is(scheduler, 0), timeout=10)
+    assert worker.assignment(ended) is None
+    assert (await scheduler.stub.RunsQueued(request)).num_taken == 1  # only `ended` again
 
 
 async def _depth_is(scheduler, expected: int) -> bool:  # type: ignore[no-untyped-def]
