@@ -4,7 +4,8 @@ An append runs in one transaction: it locks the run's projection row, checks
 the expected seq and the lease epoch, folds the new events through the state
 machine (services.core.runs), writes the events, the projection and the outbox
 rows, and sends a notice on EVENTS_CHANNEL, delivered when it commits.  Any
-failure raises and writes nothing.
+failure raises and writes nothing.  Appends to many runs at once (a worker's
+step) take the same few statements as an append to one.
 
 The notice reads `<run_id> <json>` and carries the appended events themselves
 (`parse_notice`), or only `<run_id>` when they would not fit in a notification.
@@ -82,20 +83,37 @@ class Append:
 
 async def append_in(conn: AsyncConnection, append: Append) -> list[StoredEvent]:
     """Appends inside the caller's transaction, so other effects commit with it."""
-    if not append.events:
+    return await append_all_in(conn, [append])
+
+
+async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> list[StoredEvent]:
+    """Appends to several runs inside the caller's transaction, each run's events in seq order.
+
+    Existing runs take three statements together, whatever their number: lock all
+    (in run id order, so concurrent appends cannot deadlock), update all, insert all
+    events. A new run adds one statement. The first refused append raises, and the
+    caller's transaction then writes nothing.
+    """
+    if not appends or any(not append.events for append in appends):
         raise ValueError("an append needs at least one event")
+    if len({append.run_id for append in appends}) != len(appends):
+        raise ValueError("one append per run")
     # The append is the hot path of every run: plain SQL on the driver connection
     # costs a fraction of the CPU of building statements, in the same transaction.
     driver = (await conn.get_raw_connection()).driver_connection
     assert driver is not None
     async with driver.cursor(row_factory=dict_row) as cursor:
-        if append.expected_seq == 0:
-            view = await _insert_run(cursor, append)
-        else:
-            view = await _lock_run(cursor, append)
-            view = apply_events(view, append.events)
-            await _update_run(cursor, view)
-        return await _insert_events(cursor, view, append)
+        views = {}
+        for append in appends:
+            if append.expected_seq == 0:
+                views[append.run_id] = await _insert_run(cursor, append)
+        existing = [append for append in appends if append.expected_seq != 0]
+        if existing:
+            locked = await _lock_runs(cursor, existing)
+            updated = [apply_events(locked[a.run_id], a.events) for a in existing]
+            await _update_runs(cursor, updated)
+            views.update((view.run_id, view) for view in updated)
+        return await _insert_events(cursor, [(views[a.run_id], a) for a in appends])
 
 
 _INSERT_RUN = """
@@ -135,28 +153,47 @@ async def _raise_insert_conflict(cursor: AsyncCursor[dict[str, Any]], append: Ap
     raise IdempotencyKeyTaken(append.run_id, str(other["run_id"] if other else ""))
 
 
-async def _lock_run(cursor: AsyncCursor[dict[str, Any]], append: Append) -> RunView:
-    await cursor.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", (append.run_id,))
-    row = await cursor.fetchone()
-    if row is None:
-        raise RunNotFound(append.run_id)
-    view = view_from_row(row)
-    if view.last_seq != append.expected_seq:
-        raise ConcurrencyConflict(append.run_id, append.expected_seq, view.last_seq)
-    if append.lease_epoch is not None and append.lease_epoch != view.lease_epoch:
-        raise StaleLease(append.run_id, append.lease_epoch, view.lease_epoch)
-    return view
+async def _lock_runs(
+    cursor: AsyncCursor[dict[str, Any]], appends: Sequence[Append]
+) -> dict[str, RunView]:
+    """Locks the runs' projection rows and checks each append against its row."""
+    await cursor.execute(
+        "SELECT * FROM runs WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE",
+        ([append.run_id for append in appends],),
+    )
+    views = {row["run_id"]: view_from_row(row) for row in await cursor.fetchall()}
+    for append in appends:
+        view = views.get(append.run_id)
+        if view is None:
+            raise RunNotFound(append.run_id)
+        if view.last_seq != append.expected_seq:
+            raise ConcurrencyConflict(append.run_id, append.expected_seq, view.last_seq)
+        if append.lease_epoch is not None and append.lease_epoch != view.lease_epoch:
+            raise StaleLease(append.run_id, append.lease_epoch, view.lease_epoch)
+    return views
 
 
-_UPDATE_RUN = """
-    UPDATE runs SET state = %(state)s, last_seq = %(last_seq)s, usage = %(usage)s,
-                    finish_reason = %(finish_reason)s, updated_at = clock_timestamp()
-    WHERE run_id = %(run_id)s
+_UPDATE_RUNS = """
+    UPDATE runs SET state = v.state, last_seq = v.last_seq, usage = v.usage::jsonb,
+                    finish_reason = v.finish_reason, updated_at = clock_timestamp()
+    FROM unnest(%(run_ids)s::text[], %(states)s::text[], %(last_seqs)s::bigint[],
+                %(usages)s::text[], %(finish_reasons)s::text[])
+         AS v(run_id, state, last_seq, usage, finish_reason)
+    WHERE runs.run_id = v.run_id
 """
 
 
-async def _update_run(cursor: AsyncCursor[dict[str, Any]], view: RunView) -> None:
-    await cursor.execute(_UPDATE_RUN, _projection(view))
+async def _update_runs(cursor: AsyncCursor[dict[str, Any]], views: Sequence[RunView]) -> None:
+    await cursor.execute(
+        _UPDATE_RUNS,
+        {
+            "run_ids": [view.run_id for view in views],
+            "states": [str(view.state) for view in views],
+            "last_seqs": [view.last_seq for view in views],
+            "usages": [json.dumps(dict(view.usage)) for view in views],
+            "finish_reasons": [view.finish_reason for view in views],
+        },
+    )
 
 
 def _projection(view: RunView) -> dict[str, Any]:
@@ -173,51 +210,63 @@ def _projection(view: RunView) -> dict[str, Any]:
 # PostgreSQL refuses notification payloads of 8000 bytes or more.
 NOTICE_MAX_BYTES = 7999
 
-# One round trip for any number of events: the events, their outbox rows and
-# the notice (identical for every row, so sent once).
+# One round trip for any number of events of any number of runs: the events, their
+# outbox rows and one notice per run (identical for each of its rows, so sent once).
 _INSERT_EVENTS = """
     WITH ev AS (
         INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
-        SELECT %(run_id)s, %(first_seq)s + t.n - 1, t.kind, %(tenant_id)s, t.payload::json,
-               %(traceparent)s
-        FROM unnest(%(kinds)s::text[], %(payloads)s::text[]) WITH ORDINALITY AS t(kind, payload, n)
+        SELECT t.run_id, t.seq, t.kind, t.tenant_id, t.payload::json, t.traceparent
+        FROM unnest(%(run_ids)s::text[], %(seqs)s::bigint[], %(kinds)s::text[],
+                    %(tenant_ids)s::text[], %(payloads)s::text[], %(traceparents)s::text[])
+             AS t(run_id, seq, kind, tenant_id, payload, traceparent)
         RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
     ), ob AS (
         INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev
     ), notice AS (
-        SELECT %(run_id)s::text || ' ' || json_build_object(
-            'tenant_id', %(tenant_id)s::text,
-            'traceparent', %(traceparent)s::text,
+        SELECT run_id, run_id || ' ' || json_build_object(
+            'tenant_id', tenant_id,
+            'traceparent', traceparent,
             'events', json_agg(json_build_object(
                 'seq', seq, 'kind', kind, 'payload', payload, 'created_at', created_at
             ) ORDER BY seq)
-        )::text AS text FROM ev
+        )::text AS text
+        FROM ev GROUP BY run_id, tenant_id, traceparent
     )
     SELECT ev.*, pg_notify(
         %(channel)s,
-        CASE WHEN octet_length(notice.text) <= %(notice_max)s THEN notice.text ELSE %(run_id)s END
+        CASE WHEN octet_length(notice.text) <= %(notice_max)s THEN notice.text ELSE ev.run_id END
     ) AS notified
-    FROM ev, notice ORDER BY seq
+    FROM ev JOIN notice USING (run_id) ORDER BY ev.run_id, ev.seq
 """
 
 
 async def _insert_events(
-    cursor: AsyncCursor[dict[str, Any]], view: RunView, append: Append
+    cursor: AsyncCursor[dict[str, Any]], appends: Sequence[tuple[RunView, Append]]
 ) -> list[StoredEvent]:
+    """The appended events, in the order of `appends` and then of seq."""
+    rows = [
+        (view.run_id, append.expected_seq + n, str(event.kind), view.tenant_id,
+         json.dumps(dict(event.payload)), append.traceparent)
+        for view, append in appends
+        for n, event in enumerate(append.events, start=1)
+    ]  # fmt: skip
+    run_ids, seqs, kinds, tenant_ids, payloads, traceparents = map(list, zip(*rows, strict=True))
     await cursor.execute(
         _INSERT_EVENTS,
         {
-            "run_id": view.run_id,
-            "first_seq": append.expected_seq + 1,
-            "tenant_id": view.tenant_id,
-            "traceparent": append.traceparent,
-            "kinds": [str(event.kind) for event in append.events],
-            "payloads": [json.dumps(dict(event.payload)) for event in append.events],
+            "run_ids": run_ids,
+            "seqs": seqs,
+            "kinds": kinds,
+            "tenant_ids": tenant_ids,
+            "payloads": payloads,
+            "traceparents": traceparents,
             "channel": EVENTS_CHANNEL,
             "notice_max": NOTICE_MAX_BYTES,
         },
     )
-    return [event_from_row(row) for row in await cursor.fetchall()]
+    stored = [event_from_row(row) for row in await cursor.fetchall()]
+    order = {view.run_id: i for i, (view, _) in enumerate(appends)}
+    return sorted(stored, key=lambda event: (order[event.run_id], event.seq))
 
 
 def parse_notice(notice: str) -> tuple[str, list[StoredEvent] | None]:
@@ -293,11 +342,8 @@ class EventStore:
 
     async def append_batch(self, appends: Sequence[Append]) -> list[StoredEvent]:
         """Appends to several runs in one transaction: all land or none does."""
-        stored: list[StoredEvent] = []
         async with self.engine.begin() as conn:
-            for append in appends:
-                stored.extend(await append_in(conn, append))
-        return stored
+            return await append_all_in(conn, appends)
 
     async def read(
         self, run_id: str, after_seq: int = 0, limit: int | None = None

@@ -7,6 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.db import EVENTS_CHANNEL, libpq_url
 from services.core.eventstore import (
+    Append,
     ConcurrencyConflict,
     EventStore,
     IdempotencyKeyTaken,
@@ -119,8 +120,6 @@ async def test_stale_lease_epoch_is_rejected(store: EventStore) -> None:
 
 
 async def test_append_batch_is_all_or_nothing(store: EventStore) -> None:
-    from services.core.eventstore import Append
-
     a, b = await start_run(store), await start_run(store)
     with pytest.raises(ConcurrencyConflict):
         await store.append_batch(
@@ -131,6 +130,59 @@ async def test_append_batch_is_all_or_nothing(store: EventStore) -> None:
         [Append(a, 1, [NewEvent(S.PREFILL)]), Append(b, 1, [NewEvent(S.PREFILL)])]
     )
     assert [(e.run_id, e.seq) for e in stored] == [(a, 2), (b, 2)]
+
+
+async def test_a_batch_over_many_runs_writes_each_run_and_notices_each(
+    store: EventStore, database_url: str
+) -> None:
+    runs = [await start_run(store, tenant_id=f"t{i % 3}") for i in range(12)]
+    for run_id in runs:
+        await store.append(run_id, 1, [NewEvent(S.PREFILL)])
+    usage = {"prompt_tokens": 3, "output_tokens": 2}
+    appends = [
+        Append(run_id, 2, [streaming(i), streaming(i, i)], traceparent=f"tp{i}")
+        if i % 2
+        else Append(run_id, 2, [streaming(i), NewEvent(S.COMPLETED, {"usage": usage})])
+        for i, run_id in enumerate(runs)
+    ]
+    new_run = new_run_id()
+    queued = Append(new_run, 0, [NewEvent(S.QUEUED)], new_run=NewRun("t9", "tiny"))
+    async with await psycopg.AsyncConnection.connect(
+        libpq_url(database_url), autocommit=True
+    ) as listener:
+        await listener.execute(f"LISTEN {EVENTS_CHANNEL}")
+        stored = await store.append_batch([*appends, queued])
+        notices = [n.payload async for n in listener.notifies(timeout=5, stop_after=13)]
+    assert [(e.run_id, e.seq) for e in stored] == [
+        *((run_id, seq) for run_id in runs for seq in (3, 4)),
+        (new_run, 1),
+    ]
+    for i, run_id in enumerate(runs):
+        view = await store.get_run(run_id)
+        assert view is not None and view.last_seq == 4 and view.tenant_id == f"t{i % 3}"
+        assert view.state == (S.STREAMING if i % 2 else S.COMPLETED)
+        assert view.usage == ({} if i % 2 else usage)
+        assert (await store.read(run_id))[2:] == [e for e in stored if e.run_id == run_id]
+    by_run = dict(parse_notice(notice) for notice in notices)
+    assert set(by_run) == {*runs, new_run}
+    for run_id, events in by_run.items():
+        assert events == [e for e in stored if e.run_id == run_id]
+
+
+async def test_batches_over_the_same_runs_in_opposite_orders_do_not_deadlock(
+    store: EventStore,
+) -> None:
+    async def batch(order: list[str]) -> str:
+        try:
+            await store.append_batch([Append(run_id, 1, [NewEvent(S.PREFILL)]) for run_id in order])
+        except ConcurrencyConflict:
+            return "conflict"
+        return "appended"
+
+    for _ in range(10):
+        a, b = await start_run(store), await start_run(store)
+        outcomes = await asyncio.gather(batch([a, b]), batch([b, a]))
+        assert sorted(outcomes) == ["appended", "conflict"]
 
 
 async def test_idempotency_key_names_one_run(store: EventStore) -> None:
