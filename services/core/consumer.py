@@ -1,10 +1,10 @@
 """Exactly-once processing of run events from Kafka.
 
-Each batch a consumer fetches is applied in one database transaction that also
-writes a tracking row per (consumer, run_id, seq); an event whose tracking row
-already exists is skipped.  Offsets are committed only after that transaction
-commits, so a crash in between redelivers events that the tracking rows then
-turn into no-ops.
+Each batch a consumer fetches, from all its partitions, is applied in one
+database transaction that also writes a tracking row per (consumer, run_id,
+seq); an event whose tracking row already exists is skipped.  Offsets are
+committed only after that transaction commits, so a crash in between
+redelivers events that the tracking rows then turn into no-ops.
 """
 
 from __future__ import annotations
@@ -84,9 +84,15 @@ class TrackingConsumer:
         try:
             while True:
                 batches = await consumer.getmany(timeout_ms=500, max_records=500)
-                for partition, records in batches.items():
-                    await self.apply(records)
-                    await self.commit_offsets(consumer, {partition: records[-1].offset + 1})
+                if not batches:
+                    continue
+                # Every partition read in one transaction and one commit; a run's events
+                # share a partition, so each run's order holds. A crash before the commit
+                # only brings applied events back, and the tracking rows skip them.
+                await self.apply([record for records in batches.values() for record in records])
+                await self.commit_offsets(
+                    consumer, {tp: records[-1].offset + 1 for tp, records in batches.items()}
+                )
         finally:
             await consumer.stop()
 
