@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 import structlog
@@ -86,7 +86,25 @@ async def serve(
     if before_stop is not None:
         await before_stop()
     await server.stop(grace)
-    for task in [*tasks, signalled]:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    await stop_tasks([*tasks, signalled], grace)
+
+
+async def stop_tasks(tasks: Sequence[asyncio.Future[Any]], grace: float) -> None:
+    """Cancels `tasks` and waits up to `grace` seconds for them.
+
+    A task still running then is stuck in its clean-up (a Kafka client committing
+    offsets to a broker that is gone retries without end): it is cancelled once
+    more, which interrupts that, and given `grace` again.
+    """
+    pending = set(tasks)
+    for attempt in range(2):
+        if not pending:
+            break
+        if attempt:
+            log.warning("background tasks still stopping, cancelling again", count=len(pending))
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=grace)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not report it again
