@@ -1,10 +1,11 @@
 """The whole stack against the same engine in-process: throughput and added TTFT.
 
-    python -m bench.stack [--concurrency N] [--max-tokens M] [--quick]
+    python -m bench.stack [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
 
 Generates a small random Llama, then runs one workload twice: N concurrent
 greedy requests of M output tokens each (EOS ignored, so both sides produce
-exactly N*M tokens) over a fixed, seeded prompt set. First in-process through
+exactly N*M tokens) over a fixed, seeded prompt set; with R rounds, R such waves
+one after another, each with prompts of its own. First in-process through
 `AsyncEngine`, which is then shut down; then through the four service processes
 (`tollgate up`'s launcher, with its own PostgreSQL and broker, or those named by
 TOLLGATE_DATABASE_URL / TOLLGATE_KAFKA_BOOTSTRAP) with the same EngineConfig,
@@ -15,7 +16,8 @@ database and the broker.
 TTFT is measured as the caller sees it: from submitting a request to its first
 output tokens (the first `streaming` event through the stack). Throughput is
 all output tokens over the time from the first submit to the last request
-finishing (`completed`, not `billed`); the time to `billed` is reported apart.
+finishing (`completed`, not `billed`), summed over rounds; the time to `billed`
+is reported apart.
 The last line is one JSON object of the figures.
 """
 
@@ -64,13 +66,23 @@ _WORDS = (
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """`rounds` waves of `concurrency` requests, each wave with prompts of its own."""
+
     prompts: list[str]
     prompt_ids: list[list[int]]
     max_tokens: int
+    concurrency: int
 
     @property
     def output_tokens(self) -> int:
         return len(self.prompts) * self.max_tokens
+
+    def waves(self) -> list[range]:
+        """The request indexes of each round, in order."""
+        return [
+            range(start, start + self.concurrency)
+            for start in range(0, len(self.prompts), self.concurrency)
+        ]
 
 
 @dataclass(slots=True)
@@ -89,7 +101,11 @@ class RequestTiming:
 @dataclass(frozen=True, slots=True)
 class SideResult:
     name: str
-    timings: list[RequestTiming]
+    rounds: list[list[RequestTiming]]
+
+    @property
+    def timings(self) -> list[RequestTiming]:
+        return [timing for wave in self.rounds for timing in wave]
 
     @property
     def output_tokens(self) -> int:
@@ -97,8 +113,10 @@ class SideResult:
 
     @property
     def seconds(self) -> float:
-        start = min(t.submitted for t in self.timings)
-        return max(t.finished for t in self.timings) - start
+        """Each round from its first submit to its last request finishing, summed."""
+        return sum(
+            max(t.finished for t in wave) - min(t.submitted for t in wave) for wave in self.rounds
+        )
 
     @property
     def tokens_per_second(self) -> float:
@@ -121,15 +139,19 @@ def progress(message: str) -> None:
 
 
 def make_workload(
-    tokenizer: Tokenizer, requests: int, words: int, max_tokens: int, seed: int
+    tokenizer: Tokenizer, requests: int, words: int, max_tokens: int, seed: int, rounds: int = 1
 ) -> Workload:
-    """Seeded prompts, tokenized as admission tokenizes a plain prompt."""
+    """Seeded prompts, tokenized as admission tokenizes a plain prompt.
+
+    Every request has a prompt of its own, so no round is served from the prefix
+    cache of an earlier one.
+    """
     rng = random.Random(seed)
     prompts = [
         f"request {i}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
-        for i in range(requests)
+        for i in range(requests * rounds)
     ]
-    return Workload(prompts, [tokenizer.encode(p) for p in prompts], max_tokens)
+    return Workload(prompts, [tokenizer.encode(p) for p in prompts], max_tokens, requests)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -164,15 +186,20 @@ async def run_inprocess(model_dir: Path, work: Workload, config: EngineConfig) -
     engine = AsyncEngine(await asyncio.to_thread(LLMEngine.from_model_dir, model_dir, config))
     try:
         await inprocess_request(engine, "warmup", work.prompt_ids[0][:8], WARMUP_TOKENS)
-        timings = await asyncio.gather(
-            *(
-                inprocess_request(engine, f"req-{i}", ids, work.max_tokens)
-                for i, ids in enumerate(work.prompt_ids)
+        rounds = [
+            list(
+                await asyncio.gather(
+                    *(
+                        inprocess_request(engine, f"req-{i}", work.prompt_ids[i], work.max_tokens)
+                        for i in wave
+                    )
+                )
             )
-        )
+            for wave in work.waves()
+        ]
     finally:
         await engine.shutdown()
-    return SideResult("in-process", list(timings))
+    return SideResult("in-process", rounds)
 
 
 async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> RequestTiming:
@@ -215,10 +242,15 @@ async def warm_up(client: AsyncClient, prompt: str) -> None:
 async def run_stack(gateway: str, api_key: str, work: Workload) -> SideResult:
     async with AsyncClient(gateway, api_key) as client:
         await warm_up(client, work.prompts[0][:24])
-        timings = await asyncio.gather(
-            *(stack_request(client, prompt, work.max_tokens) for prompt in work.prompts)
-        )
-    return SideResult("stack", list(timings))
+        rounds = [
+            list(
+                await asyncio.gather(
+                    *(stack_request(client, work.prompts[i], work.max_tokens) for i in wave)
+                )
+            )
+            for wave in work.waves()
+        ]
+    return SideResult("stack", rounds)
 
 
 WARMUP_ATTEMPTS = 10
@@ -297,7 +329,8 @@ def report(
         a.token_ids == b.token_ids for a, b in zip(local.timings, stack.timings, strict=True)
     )
     return {
-        "concurrency": len(work.prompts),
+        "concurrency": work.concurrency,
+        "rounds": len(work.waves()),
         "max_tokens": work.max_tokens,
         "prompt_tokens_mean": round(sum(map(len, work.prompt_ids)) / len(work.prompt_ids), 1),
         "output_tokens": work.output_tokens,
@@ -335,9 +368,11 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         args.prompt_words,
         args.max_tokens,
         args.seed,
+        args.rounds,
     )
     config = engine_config(args)
-    progress(f"in-process: {args.concurrency} streams of {args.max_tokens} tokens")
+    waves = f" x {args.rounds} rounds" if args.rounds > 1 else ""
+    progress(f"in-process: {args.concurrency} streams of {args.max_tokens} tokens{waves}")
     local = asyncio.run(asyncio.wait_for(run_inprocess(model_dir, work, config), args.timeout))
     check_tokens(local, work)
     progress(f"in-process: {local.tokens_per_second:,.1f} output tokens/s")
@@ -345,7 +380,7 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     log_dir = args.logs or scratch / "logs"
     progress(f"starting the stack (logs in {log_dir})")
     with running_stack(scratch, model_dir, args, log_dir) as (gateway, api_key):
-        progress(f"stack: {args.concurrency} streams of {args.max_tokens} tokens")
+        progress(f"stack: {args.concurrency} streams of {args.max_tokens} tokens{waves}")
         stack = asyncio.run(asyncio.wait_for(run_stack(gateway, api_key, work), args.timeout))
     check_tokens(stack, work)
     progress(f"stack: {stack.tokens_per_second:,.1f} output tokens/s")
@@ -363,12 +398,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kv-blocks", type=int, default=512)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-batched-tokens", type=int, default=512)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="waves of --concurrency requests, one after another (more samples of TTFT)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side")
     parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
     args = parser.parse_args()
     args.concurrency = args.concurrency or (8 if args.quick else 16)
     args.max_tokens = args.max_tokens or (32 if args.quick else 64)
+    for name in ("concurrency", "max_tokens", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
 
 
