@@ -405,7 +405,7 @@ def parse_args() -> argparse.Namespace:
         help="waves of --concurrency requests, one after another (more samples of TTFT)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side, all rounds")
     parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
     args = parser.parse_args()
     args.concurrency = args.concurrency or (8 if args.quick else 16)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Collection, Iterator
 
 import psycopg
 import structlog
+from psycopg.conninfo import make_conninfo
 
 from services.core.codec import to_proto
 from services.core.db import EVENTS_CHANNEL, libpq_url
@@ -30,12 +31,21 @@ log = structlog.get_logger(__name__)
 # What a stream is handed: events from a notice, or None for "read the store".
 Notice = list[StoredEvent] | None
 
+# A listening connection that went half-open would otherwise wait forever, and
+# the streams would fall back to polling: TCP keepalives find it within a minute.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
 
 class RunFeed:
     """Hands each committed append's events to the subscribers of its run."""
 
     def __init__(self, database_url: str, *, retry_interval: float = 1.0) -> None:
-        self.conninfo = libpq_url(database_url)
+        self.conninfo = make_conninfo(libpq_url(database_url), **KEEPALIVES)
         self.retry_interval = retry_interval
         self._subscribers: defaultdict[str, set[asyncio.Queue[Notice]]] = defaultdict(set)
         self.listening = asyncio.Event()
@@ -52,8 +62,8 @@ class RunFeed:
                     self._send_all(None)  # whatever committed while nobody listened
                     async for notify in conn.notifies():
                         self._deliver(notify.payload)
-            except psycopg.Error as error:
-                log.warning("event feed interrupted", error=str(error))
+            except Exception as error:  # the streams poll the store meanwhile
+                log.warning("event feed interrupted", error=repr(error))
             self.listening.clear()
             await asyncio.sleep(self.retry_interval)
 
@@ -62,7 +72,11 @@ class RunFeed:
         queues = self._subscribers.get(run_id)
         if not queues:
             return  # parsed only for runs someone follows here
-        events = parse_notice(notice)[1]
+        try:
+            events = parse_notice(notice)[1]
+        except Exception as error:  # e.g. a kind this version does not know: read the store
+            log.warning("unreadable event notice", run_id=run_id, error=repr(error))
+            events = None
         for queue in queues:
             queue.put_nowait(events)
 

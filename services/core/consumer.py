@@ -103,6 +103,9 @@ class TrackingConsumer:
             events = [event for event in events if kind_of(event) in self.kinds]
         if not events:
             return 0
+        # Handlers lock runs: in run id order, as appends to several runs do, so the two
+        # cannot deadlock. The sort is stable, so each run's events keep their order.
+        events.sort(key=lambda event: event.run_id)
         applied = 0
         async with self.engine.begin() as conn:
             new = await self._track(conn, events)

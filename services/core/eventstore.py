@@ -90,8 +90,8 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
     """Appends to several runs inside the caller's transaction, each run's events in seq order.
 
     Existing runs take three statements together, whatever their number: lock all
-    (in run id order, so concurrent appends cannot deadlock), update all, insert all
-    events. A new run adds one statement. The first refused append raises, and the
+    (in run id order, so two such appends cannot deadlock each other), update all,
+    insert all events. A new run adds one statement. The first refused append raises, and the
     caller's transaction then writes nothing.
     """
     if not appends or any(not append.events for append in appends):
@@ -130,7 +130,9 @@ async def _insert_run(cursor: AsyncCursor[dict[str, Any]], append: Append) -> Ru
     if append.new_run is None:
         raise ValueError("the first append of a run needs new_run")
     view = apply_events(RunView.new(append.run_id, append.new_run), append.events)
-    await cursor.execute(_INSERT_RUN, {**_projection(view), "model": view.model,
+    projection = _projection(view)
+    await cursor.execute(_INSERT_RUN, {**projection, "usage": Jsonb(projection["usage"]),
+                                       "model": view.model,
                                        "tenant_id": view.tenant_id, "priority": view.priority,
                                        "idempotency_key": view.idempotency_key,
                                        "request_hash": view.request_hash})  # fmt: skip
@@ -184,14 +186,15 @@ _UPDATE_RUNS = """
 
 
 async def _update_runs(cursor: AsyncCursor[dict[str, Any]], views: Sequence[RunView]) -> None:
+    rows = [_projection(view) for view in views]
     await cursor.execute(
         _UPDATE_RUNS,
         {
-            "run_ids": [view.run_id for view in views],
-            "states": [str(view.state) for view in views],
-            "last_seqs": [view.last_seq for view in views],
-            "usages": [json.dumps(dict(view.usage)) for view in views],
-            "finish_reasons": [view.finish_reason for view in views],
+            "run_ids": [row["run_id"] for row in rows],
+            "states": [row["state"] for row in rows],
+            "last_seqs": [row["last_seq"] for row in rows],
+            "usages": [json.dumps(row["usage"]) for row in rows],
+            "finish_reasons": [row["finish_reason"] for row in rows],
         },
     )
 
@@ -202,7 +205,7 @@ def _projection(view: RunView) -> dict[str, Any]:
         "run_id": view.run_id,
         "state": str(view.state),
         "last_seq": view.last_seq,
-        "usage": Jsonb(dict(view.usage)),
+        "usage": dict(view.usage),
         "finish_reason": view.finish_reason,
     }
 
@@ -276,14 +279,14 @@ def parse_notice(notice: str) -> tuple[str, list[StoredEvent] | None]:
         return run_id, None
     append = json.loads(body)
     return run_id, [
-        StoredEvent(
-            run_id=run_id,
-            seq=event["seq"],
-            kind=RunState(event["kind"]),
-            tenant_id=append["tenant_id"],
-            payload=event["payload"],
-            created_at=datetime.fromisoformat(event["created_at"]),
-            traceparent=append["traceparent"],
+        event_from_row(
+            {
+                **event,
+                "run_id": run_id,
+                "tenant_id": append["tenant_id"],
+                "traceparent": append["traceparent"],
+                "created_at": datetime.fromisoformat(event["created_at"]),
+            }
         )
         for event in append["events"]
     ]

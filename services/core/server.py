@@ -105,6 +105,8 @@ async def stop_tasks(tasks: Sequence[asyncio.Future[Any]], grace: float) -> None
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=grace)
+    if pending:
+        log.error("background tasks did not stop", tasks=[repr(task) for task in pending])
     for task in tasks:
         if task.done() and not task.cancelled():
             task.exception()  # retrieved, so asyncio does not report it again

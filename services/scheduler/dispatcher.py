@@ -120,7 +120,7 @@ class Dispatcher:
         self, run: QueuedRun, worker_id: str, address: str
     ) -> AssignOutcome | None:
         """The worker's answer, or None when the run was no longer queued."""
-        leased = await self.repository.lease_if_queued(run.run_id, worker_id)
+        leased = await self.repository.lease_if_queued(run.run_id, worker_id, run.last_seq)
         if leased is None:
             log.info("run no longer queued; dropped")
             self.rejections.pop(run.run_id, None)

@@ -83,14 +83,21 @@ class SchedulerRepository:
             block_size=self.block_size,
         )
 
-    async def lease_if_queued(self, run_id: str, owner: str) -> tuple[int, int] | None:
-        """acquire_lease for a run still in state `queued`: (lease_epoch, last_seq) or None.
+    async def lease_if_queued(
+        self, run_id: str, owner: str, last_seq: int
+    ) -> tuple[int, int] | None:
+        """acquire_lease for a run still queued at `last_seq`: (lease_epoch, last_seq) or None.
 
-        The state guard keeps a run that ended meanwhile (a cancel) from being handed out.
+        The guard keeps a run that ended meanwhile (a cancel) from being handed out, and
+        one queued again since (its worker was lost) from going out with stale details.
         """
         query = (
             runs.update()
-            .where(runs.c.run_id == run_id, runs.c.state == str(RunState.QUEUED))
+            .where(
+                runs.c.run_id == run_id,
+                runs.c.state == str(RunState.QUEUED),
+                runs.c.last_seq == last_seq,
+            )
             .values(lease_epoch=runs.c.lease_epoch + 1, owner=owner)
             .returning(runs.c.lease_epoch, runs.c.last_seq)
         )

@@ -73,6 +73,27 @@ async def test_an_event_too_large_for_a_notice_is_read_from_the_store(
         assert await asyncio.wait_for(reader, 10) == list(range(1, 8))
 
 
+async def test_an_unreadable_notice_sends_the_stream_to_the_store(
+    store: EventStore, database_url: str
+) -> None:
+    feed = RunFeed(database_url)
+    run_id = await start_run(store)
+    async with listening(feed) as task:
+        reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
+        await asyncio.sleep(0.2)
+        async with store.engine.connect() as conn:  # as from a version with a new kind
+            await conn.execute(
+                sa.text("SELECT pg_notify(:channel, :notice)"),
+                {"channel": EVENTS_CHANNEL, "notice": f'{run_id} {{"events": [{{"kind": "x"}}]}}'},
+            )
+            await conn.commit()
+        await asyncio.sleep(0.2)
+        await finish_run(store, run_id, [1], ["a"])  # delivered only if the feed lives on
+        assert await asyncio.wait_for(reader, 10) == list(range(1, 6))
+        await asyncio.sleep(0.2)
+        assert not task.done() and feed.listening.is_set()
+
+
 async def test_without_a_listener_the_store_is_polled(store: EventStore, database_url: str) -> None:
     feed = RunFeed(database_url)  # never started
     run_id = await start_run(store)
@@ -84,7 +105,8 @@ async def test_without_a_listener_the_store_is_polled(store: EventStore, databas
 async def test_events_committed_while_the_listener_was_down_arrive(
     store: EventStore, database_url: str
 ) -> None:
-    feed = RunFeed(database_url, retry_interval=0.5)
+    # Reconnects long after the events commit: only the wake-up on reconnect brings them.
+    feed = RunFeed(database_url, retry_interval=3.0)
     run_id = await start_run(store)
     async with listening(feed):
         reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))

@@ -1,0 +1,55 @@
+"""Stored events → protobuf `RunEvent`, checked against protobuf's own JSON mapping."""
+
+from datetime import UTC, datetime
+
+import pytest
+from google.protobuf import json_format
+
+from services.core.codec import to_proto
+from services.core.runs import RunState, StoredEvent
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
+
+
+def event(kind: RunState, payload: dict[str, object]) -> StoredEvent:
+    return StoredEvent("run_1", 3, kind, "ten_1", payload, NOW)
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload"),
+    [
+        (
+            RunState.QUEUED,
+            {
+                "model": "tiny",
+                "priority": "PRIORITY_BATCH",
+                "sampling": {"max_tokens": 8, "stop": ["\n"], "stop_token_ids": [2, 3]},
+                "prompt_token_ids": list(range(300)),
+                "idempotency_key": "k",
+                "kv_blocks_reserved": 20,
+            },
+        ),
+        (RunState.STREAMING, {"token_ids": [5, 0, 2**31 - 1], "text": "a\u0000é"}),
+        (RunState.STREAMING, {"token_ids": [], "text": ""}),
+        # Not all plain integers: the JSON mapping converts them.
+        (RunState.STREAMING, {"token_ids": ["5", 6], "text": "x"}),
+    ],
+)
+def test_the_message_is_the_one_the_json_mapping_gives(
+    kind: RunState, payload: dict[str, object]
+) -> None:
+    message = to_proto(event(kind, payload))
+    assert message.run_id == "run_1" and message.seq == 3 and message.tenant_id == "ten_1"
+    assert message.time.ToDatetime(UTC) == NOW
+    reference = getattr(message.__class__(), str(kind))
+    json_format.ParseDict(payload, reference)
+    assert getattr(message, str(kind)) == reference
+
+
+def test_an_out_of_range_token_id_is_refused() -> None:
+    with pytest.raises(ValueError):
+        to_proto(event(RunState.STREAMING, {"token_ids": [2**31], "text": "x"}))
+
+
+def test_an_empty_payload_still_names_the_kind() -> None:
+    assert to_proto(event(RunState.PREFILL, {})).WhichOneof("kind") == "prefill"

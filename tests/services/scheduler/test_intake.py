@@ -65,7 +65,7 @@ async def test_a_hint_from_admission_dispatches_a_run_without_kafka(
     assert (await scheduler.stub.RunsQueued(hint)).num_taken == 0  # a repeated hint
 
 
-async def test_a_hinted_run_is_queued_without_reading_it_and_leased_only_if_queued(
+async def test_a_hinted_run_is_queued_without_reading_it_and_leased_only_as_described(
     store: EventStore, start_scheduler, fake_workers
 ) -> None:
     worker = await fake_workers("w1")
@@ -76,14 +76,15 @@ async def test_a_hinted_run_is_queued_without_reading_it_and_leased_only_if_queu
     [queued] = await store.read(run_id)
     ended = await queue_run(store)
     await store.append(ended, 1, [NewEvent(RunState.CANCELLED, {"reason": "client"})])
+    stale = await queue_run(store)
 
-    def hint(run: str) -> scheduler_pb2.HintedRun:
+    def hint(run: str, last_seq: int = 1) -> scheduler_pb2.HintedRun:
         described = scheduler_pb2.HintedRun(
             run_id=run,
             tenant_id="t1",
             model="tiny",
             priority="interactive",
-            last_seq=1,
+            last_seq=last_seq,
             # Unlike the stored payload (max_tokens 13): the scheduler takes the hint's word.
             queued_payload_json=json.dumps({**queued.payload, "sampling": {"max_tokens": 9}}),
             tenant_weight=1,
@@ -91,14 +92,15 @@ async def test_a_hinted_run_is_queued_without_reading_it_and_leased_only_if_queu
         described.queued_at.FromDatetime(queued.created_at)
         return described
 
-    request = scheduler_pb2.RunsQueuedRequest(runs=[hint(run_id), hint(ended)])
-    assert (await scheduler.stub.RunsQueued(request)).num_taken == 2
+    request = scheduler_pb2.RunsQueuedRequest(runs=[hint(run_id), hint(ended), hint(stale, 2)])
+    assert (await scheduler.stub.RunsQueued(request)).num_taken == 3
     await wait_for(lambda: worker.assignment(run_id), timeout=10)
     assert worker.assignment(run_id).sampling.max_tokens == 9  # type: ignore[union-attr]
-    # The cancelled run was taken on the hint's word, but never leased or assigned.
+    # Taken on the hint's word, but never leased or assigned: one was cancelled, and
+    # the other is not at the seq the hint describes.
     await wait_for(lambda: _depth_is(scheduler, 0), timeout=10)
-    assert worker.assignment(ended) is None
-    assert (await scheduler.stub.RunsQueued(request)).num_taken == 1  # only `ended` again
+    assert worker.assignment(ended) is None and worker.assignment(stale) is None
+    assert (await scheduler.stub.RunsQueued(request)).num_taken == 2  # not `run_id` again
 
 
 async def _depth_is(scheduler, expected: int) -> bool:  # type: ignore[no-untyped-def]
