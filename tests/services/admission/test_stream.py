@@ -51,26 +51,21 @@ async def collect(store: EventStore, feed: RunFeed, run_id: str, poll_interval: 
     return [event.seq async for event in events]
 
 
-async def test_commits_reach_the_stream(store: EventStore, database_url: str) -> None:
-    feed = RunFeed(database_url)
-    run_id = await start_run(store)
-    async with listening(feed):
-        reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
-        await asyncio.sleep(0.2)  # the reader has sent `queued` and waits
-        await finish_run(store, run_id, list(range(10)), ["t"] * 10)
-        assert await asyncio.wait_for(reader, 10) == list(range(1, 15))
-
-
-async def test_an_event_too_large_for_a_notice_is_read_from_the_store(
-    store: EventStore, database_url: str
+@pytest.mark.parametrize(
+    "texts",
+    [["t"] * 10, ["a", "b" * 10_000, "c"]],
+    ids=["from the notices", "one too large for a notice, from the store"],
+)
+async def test_commits_reach_the_stream(
+    store: EventStore, database_url: str, texts: list[str]
 ) -> None:
     feed = RunFeed(database_url)
     run_id = await start_run(store)
     async with listening(feed):
         reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
-        await asyncio.sleep(0.2)
-        await finish_run(store, run_id, [1, 2, 3], ["a", "b" * 10_000, "c"])
-        assert await asyncio.wait_for(reader, 10) == list(range(1, 8))
+        await asyncio.sleep(0.2)  # the reader has sent `queued` and waits
+        await finish_run(store, run_id, list(range(len(texts))), texts)
+        assert await asyncio.wait_for(reader, 10) == list(range(1, len(texts) + 5))
 
 
 async def test_an_unreadable_notice_sends_the_stream_to_the_store(
