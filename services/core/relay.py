@@ -20,9 +20,9 @@ import contextlib
 from collections.abc import Sequence
 
 import psycopg
-import sqlalchemy as sa
 import structlog
 from aiokafka import AIOKafkaProducer
+from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.codec import cloudevent_headers, to_proto
@@ -30,7 +30,6 @@ from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import EVENTS_CHANNEL, libpq_url
 from services.core.eventstore import event_from_row
 from services.core.runs import StoredEvent
-from services.core.schema import outbox, run_events
 from services.core.telemetry import get_meter
 
 log = structlog.get_logger(__name__)
@@ -92,7 +91,7 @@ class OutboxRelay:
         self.is_leader.set()
         try:
             while True:
-                if await self.publish_once(producer) < self.batch_size:
+                if await self.publish_once(conn, producer) < self.batch_size:
                     await self._wait_for_notify(conn)
         finally:
             self.is_leader.clear()
@@ -108,9 +107,13 @@ class OutboxRelay:
         async for _ in conn.notifies(timeout=0, stop_after=10_000):
             pass
 
-    async def publish_once(self, producer: AIOKafkaProducer) -> int:
-        """Publishes one batch of unpublished events; returns how many."""
-        ids, events = await self._fetch_batch()
+    async def publish_once(self, conn: psycopg.AsyncConnection, producer: AIOKafkaProducer) -> int:
+        """Publishes one batch of unpublished events; returns how many.
+
+        The queries run on the relay's own connection, the one that holds the lock
+        and listens: notices that arrive meanwhile wait for the next `notifies()`.
+        """
+        ids, events = await self._fetch_batch(conn)
         if not events:
             return 0
         futures = [
@@ -123,24 +126,26 @@ class OutboxRelay:
             for event in events
         ]
         await asyncio.gather(*futures)
-        await self.mark_published(ids)
+        await self.mark_published(conn, ids)
         _published.add(len(events))
         return len(events)
 
-    async def _fetch_batch(self) -> tuple[list[int], list[StoredEvent]]:
-        query = (
-            sa.select(outbox.c.id, run_events)
-            .join(
-                run_events,
-                sa.and_(run_events.c.run_id == outbox.c.run_id, run_events.c.seq == outbox.c.seq),
-            )
-            .order_by(outbox.c.id)
-            .limit(self.batch_size)
-        )
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
-        return [row.id for row in rows], [event_from_row(row._mapping) for row in rows]
+    async def _fetch_batch(
+        self, conn: psycopg.AsyncConnection
+    ) -> tuple[list[int], list[StoredEvent]]:
+        async with conn.cursor(row_factory=dict_row) as cursor:
+            await cursor.execute(_FETCH_BATCH, (self.batch_size,))
+            rows = await cursor.fetchall()
+        return [row["outbox_id"] for row in rows], [event_from_row(row) for row in rows]
 
-    async def mark_published(self, ids: Sequence[int]) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(outbox.delete().where(outbox.c.id.in_(ids)))
+    async def mark_published(self, conn: psycopg.AsyncConnection, ids: Sequence[int]) -> None:
+        await conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (list(ids),))
+
+
+_FETCH_BATCH = """
+    SELECT o.id AS outbox_id, e.run_id, e.seq, e.kind, e.tenant_id, e.payload, e.traceparent,
+           e.created_at
+    FROM outbox o JOIN run_events e ON e.run_id = o.run_id AND e.seq = o.seq
+    ORDER BY o.id
+    LIMIT %s
+"""

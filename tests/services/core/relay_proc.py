@@ -9,13 +9,15 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+import psycopg
+
 from services.core.db import create_engine
 from services.core.relay import OutboxRelay
 from services.core.telemetry import configure_logging
 
 
 class StallingRelay(OutboxRelay):
-    async def mark_published(self, ids: Sequence[int]) -> None:
+    async def mark_published(self, conn: psycopg.AsyncConnection, ids: Sequence[int]) -> None:
         print(f"acked {len(ids)}", flush=True)
         await asyncio.Event().wait()
 
