@@ -224,7 +224,7 @@ _INSERT_EVENTS = """
              AS t(run_id, seq, kind, tenant_id, payload, traceparent)
         RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
     ), ob AS (
-        INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev
+        INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev ORDER BY run_id, seq
     ), notice AS (
         SELECT run_id, run_id || ' ' || json_build_object(
             'tenant_id', tenant_id,
