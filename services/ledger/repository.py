@@ -52,11 +52,12 @@ async def insert_entries(conn: AsyncConnection, entries: Sequence[LedgerEntry]) 
             "unit_price_micros": e.unit_price_micros,
             "amount_micros": e.amount_micros,
             "currency": e.currency,
-            "created_at": sa.func.clock_timestamp(),
         }
         for e in entries
     ]
-    await conn.execute(pg_insert(ledger_entries).values(rows).on_conflict_do_nothing())
+    # One statement whatever the number of entries (compiled once), `created_at` from
+    # the column's default.
+    await conn.execute(pg_insert(ledger_entries).on_conflict_do_nothing(), rows)
 
 
 async def entries_for_key(
