@@ -239,7 +239,7 @@ _INSERT_EVENTS = """
         %(channel)s,
         CASE WHEN octet_length(notice.text) <= %(notice_max)s THEN notice.text ELSE ev.run_id END
     ) AS notified
-    FROM ev JOIN notice USING (run_id) ORDER BY ev.run_id, ev.seq
+    FROM ev JOIN notice USING (run_id)
 """
 
 
@@ -268,6 +268,7 @@ async def _insert_events(
         },
     )
     stored = [event_from_row(row) for row in await cursor.fetchall()]
+    # Ordered here rather than in the statement, which would only be re-sorted.
     order = {view.run_id: i for i, (view, _) in enumerate(appends)}
     return sorted(stored, key=lambda event: (order[event.run_id], event.seq))
 
