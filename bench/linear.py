@@ -1,12 +1,15 @@
-"""x @ W^T against W @ x^T for the decoder's projections, by number of rows.
+"""The decoder's projections three ways, by number of rows: x @ W^T, W @ x^T, and
+oneDNN with the weight prepacked.
 
-`engine/layers/linear.py` multiplies as W @ x^T; this measures why. The weights of
-all layers of the benchmark model are cycled through, so each multiply reads its
-weight from memory as it does in a real step, not from cache.
+`engine/layers/linear.py` packs fp32 weights for oneDNN where PyTorch can, and otherwise
+multiplies as W @ x^T for few rows; this measures why. The weights of all layers of the
+benchmark model are cycled through, so each multiply reads its weight from memory as it
+does in a real step, not from cache.
 
     python -m bench.linear [--layers 8 --hidden 512 --intermediate 1408 --kv-heads 4 --threads 2]
 
-Last line: one JSON object, rows -> (x @ W^T seconds) / (W @ x^T seconds).
+Last line: one JSON object, rows -> (x @ W^T seconds) / (W @ x^T seconds) and
+rows -> (x @ W^T seconds) / (packed seconds).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from engine.layers.linear import can_pack, pack_weight, packed_linear
 
 ROWS = (1, 4, 16, 64, 128, 512)
 
@@ -47,8 +52,10 @@ def main() -> None:
     shapes = [(qkv, h), (h, h), (2 * i, h), (h, i)]  # qkv, o, gate_up, down
     layers = [[torch.randn(out, inp) for out, inp in shapes] for _ in range(args.layers)]
 
+    packed_layers = [[pack_weight(w) for w in weights] for weights in layers]
     ratios: dict[int, float] = {}
-    print(f"{'rows':>5} {'x @ W^T':>10} {'W @ x^T':>10} {'ratio':>6}")
+    packed_ratios: dict[int, float] = {}
+    print(f"{'rows':>5} {'x @ W^T':>10} {'W @ x^T':>10} {'packed':>10} {'ratio':>6} {'ratio':>6}")
     for rows in ROWS:
         inputs = {inp: torch.randn(rows, inp) for _, inp in shapes}
 
@@ -62,10 +69,28 @@ def main() -> None:
                 for w in weights:
                     torch.mm(w, inputs[w.shape[1]].t())
 
+        def packed(inputs: dict[int, torch.Tensor] = inputs) -> None:
+            for weights, packs in zip(layers, packed_layers, strict=True):
+                for w, p in zip(weights, packs, strict=True):
+                    packed_linear(inputs[w.shape[1]], p)
+
         a, b = _best_of(args.repeats, linear), _best_of(args.repeats, streamed)
+        c = _best_of(args.repeats, packed) if can_pack(layers[0][0]) else float("nan")
         ratios[rows] = round(a / b, 2)
-        print(f"{rows:>5} {1e3 * a:>8.1f}ms {1e3 * b:>8.1f}ms {a / b:>6.2f}")
-    print(json.dumps({"threads": args.threads, "x_wt_over_w_xt": ratios}))
+        packed_ratios[rows] = round(a / c, 2)
+        print(
+            f"{rows:>5} {1e3 * a:>8.1f}ms {1e3 * b:>8.1f}ms {1e3 * c:>8.1f}ms"
+            f" {a / b:>6.2f} {a / c:>6.2f}"
+        )
+    print(
+        json.dumps(
+            {
+                "threads": args.threads,
+                "x_wt_over_w_xt": ratios,
+                "x_wt_over_packed": packed_ratios,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.errors import RequestError
+from engine.layers.linear import pack_linear_layers
 from engine.layers.quantized import quantize_int8
 from engine.loader import DTYPES, load_model, load_model_config, load_tokenizer, resolve_dtype
 from engine.model_files import model_fingerprint
@@ -47,7 +48,8 @@ class LLMEngine:
 
     Not thread-safe: call `add_request`, `abort` and `step` from one thread
     (`prepare_request` alone may run elsewhere). `AsyncEngine` wraps it for asyncio.
-    With `config.quantization` set, the model's linear layers are quantized in place.
+    With `config.quantization` set, the model's linear layers are quantized in place; the
+    fp32 ones left are packed for oneDNN (`pack_linear_layers`).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class LLMEngine:
         )
         if config.quantization == "int8":
             quantize_int8(model)
+        pack_linear_layers(model)
         dtype = next(model.parameters()).dtype
         kv_dtype = dtype if config.kv_dtype == "auto" else DTYPES[config.kv_dtype]
         self.kv_dtype = str(kv_dtype).removeprefix("torch.")

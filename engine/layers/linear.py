@@ -1,18 +1,24 @@
 """Linear and embedding layers that leave their parameters uninitialised: every value
-comes from a checkpoint, so random initialisation would only cost start-up time."""
+comes from a checkpoint, so random initialisation would only cost start-up time.
+
+`pack_linear_layers` then hands fp32 linear layers to oneDNN, with each weight reordered
+once into the blocked layout its matrix multiply reads.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# W @ x^T streams the weight row by row; its result is x @ W^T laid out transposed.
-# `python -m bench.linear` measures it 1.2-2.8x faster than x @ W^T for 4-64 rows of the
-# benchmark model's projections. With more rows a transposed result costs more in the
-# operations that follow (and sends attention down a slower path) than it saves, except
-# for a weight this large (an LM head over a large vocabulary), which only ever sees the
-# rows that sample.
+# Where a weight cannot be packed (`PackedLinear`), W @ x^T streams it row by row; its
+# result is x @ W^T laid out transposed. `python -m bench.linear` measures it 1.2-2.8x
+# faster than x @ W^T for 4-64 rows of the benchmark model's projections. With more rows
+# a transposed result costs more in the operations that follow (and sends attention down
+# a slower path) than it saves, except for a weight this large (an LM head over a large
+# vocabulary), which only ever sees the rows that sample.
 _STREAMED_MAX_ROWS = 64
 _STREAMED_WEIGHT_ELEMENTS = 1 << 23
 
@@ -42,6 +48,73 @@ class Linear(nn.Module):
             out = torch.mm(self.weight, x.t()).t()
             return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
+
+
+class PackedLinear(nn.Module):
+    """`Linear` with its weight held in oneDNN's blocked layout (an opaque tensor).
+
+    `python -m bench.linear` measures it against both ways `Linear` multiplies.
+    """
+
+    def __init__(self, linear: Linear) -> None:
+        super().__init__()
+        self.in_features = linear.weight.shape[1]
+        self.out_features = linear.weight.shape[0]
+        self.packed = pack_weight(linear.weight.detach())
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.packed, self.bias)
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether this build of PyTorch multiplies `weight` through oneDNN with it prepacked."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] -> the same values reordered for `packed_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight)
+
+
+def packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W^T + bias, for W packed by `pack_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def pack_linear_layers(model: nn.Module) -> int:
+    """Replace the model's fp32 CPU `Linear` layers by `PackedLinear` in place; return how many.
+
+    A packed layer no longer holds its weight as a tensor of its own. Where another module
+    shares that weight (an LM head tied to the embedding), the packed copy is extra memory:
+    vocabulary x hidden elements.
+    """
+    return replace_linear_layers(model, lambda linear: can_pack(linear.weight), PackedLinear)
+
+
+def replace_linear_layers(
+    model: nn.Module,
+    select: Callable[[Linear], bool],
+    replacement: Callable[[Linear], nn.Module],
+) -> int:
+    """Replace each selected `Linear` of the model by `replacement(linear)`; return how many."""
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, Linear) and select(module)
+    ]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, replacement(module))
+    return len(targets)
 
 
 class Embedding(nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, replace_linear_layers
 
 # 4 MiB of fp32 per chunk: fewer, larger chunks cost Python overhead less but fall out of cache.
 _CHUNK_ELEMENTS = 1 << 20
@@ -79,13 +79,8 @@ def quantize_int8(model: nn.Module) -> int:
         if not isinstance(module, Linear)
         for param in module.parameters(recurse=False)
     }
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, Linear) and id(module.weight) not in shared
-    ]
-    for name, module in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear(module, buffer))
-    return len(targets)
+    return replace_linear_layers(
+        model,
+        lambda linear: id(linear.weight) not in shared,
+        lambda linear: Int8Linear(linear, buffer),
+    )

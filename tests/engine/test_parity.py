@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.layers import native  # noqa: E402
+from engine.layers.linear import pack_linear_layers  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.loader import load_model, load_model_config  # noqa: E402
 from engine.model_files import weight_files  # noqa: E402
@@ -65,16 +66,21 @@ def test_prefill_and_paged_decode_logits_match_transformers(variant_dir: Path) -
     ids = _prompt(90, config.vocab_size)
     with torch.no_grad():
         expected = _hf_model(variant_dir)(torch.tensor([ids])).logits[0]
-    # Decodes through the PyTorch path, and through the native kernel where it builds.
-    kernels = [None, native.paged_decode()]
-    for kernel in dict.fromkeys(kernels):
-        for chunks in ([90], [13, 40, 37], [30] + [1] * 60):
-            got = paged_logits(ours, ids, chunks, decode_kernel=kernel)
-            assert torch.allclose(got, expected, atol=ATOL, rtol=0), (
-                kernel,
-                chunks,
-                (got - expected).abs().max(),
-            )
+    # Decodes through the PyTorch path, and through the native kernel where it builds;
+    # then all again with the linear layers packed for oneDNN, where this build can.
+    kernels = dict.fromkeys([None, native.paged_decode()])
+    for packed in (False, True):
+        if packed and not pack_linear_layers(ours):
+            break
+        for kernel in kernels:
+            for chunks in ([90], [13, 40, 37], [30] + [1] * 60):
+                got = paged_logits(ours, ids, chunks, decode_kernel=kernel)
+                assert torch.allclose(got, expected, atol=ATOL, rtol=0), (
+                    packed,
+                    kernel,
+                    chunks,
+                    (got - expected).abs().max(),
+                )
 
 
 def test_greedy_generation_matches_transformers(variant_dir: Path) -> None:

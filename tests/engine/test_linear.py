@@ -1,0 +1,62 @@
+"""Linear layers packed for oneDNN compute what the plain ones compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.linear import Embedding, Linear, PackedLinear, can_pack, pack_linear_layers
+
+pytestmark = pytest.mark.skipif(
+    not can_pack(torch.empty(1)), reason="this PyTorch build has no oneDNN linear"
+)
+
+
+def _linear(rows: int, cols: int, bias: bool, seed: int = 0) -> Linear:
+    generator = torch.Generator().manual_seed(seed)
+    layer = Linear(cols, rows, bias=bias)
+    layer.weight.data = torch.randn(rows, cols, generator=generator)
+    if layer.bias is not None:
+        layer.bias.data = torch.randn(rows, generator=generator)
+    return layer
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_packed_layer_matches_the_plain_product(bias: bool) -> None:
+    layer = _linear(300, 64, bias)
+    packed = PackedLinear(layer)
+    wide = torch.randn(40, 128)
+    for x in (torch.randn(0, 64), torch.randn(1, 64), wide[:37, ::2], torch.randn(2, 5, 64)):
+        expected = F.linear(x, layer.weight, layer.bias)
+        got = packed(x)
+        assert got.shape == expected.shape
+        assert torch.allclose(got, expected, atol=1e-4, rtol=1e-5), (got - expected).abs().max()
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = Embedding(50, 16)
+        self.embed.weight.data = torch.randn(50, 16)
+        self.proj = _linear(16, 16, bias=True)
+        self.bf16 = Linear(16, 16, dtype=torch.bfloat16)
+        self.head = Linear(16, 50)
+        self.head.weight = self.embed.weight
+
+
+def test_packing_replaces_the_fp32_layers_and_leaves_the_rest() -> None:
+    model = _Tiny()
+    embedding = model.embed.weight.detach().clone()
+    x = torch.randn(3, 16)
+    expected_proj, expected_head = model.proj(x), model.head(x)
+
+    assert pack_linear_layers(model) == 2
+    assert isinstance(model.proj, PackedLinear) and isinstance(model.head, PackedLinear)
+    assert isinstance(model.bf16, Linear)
+    # The tied head is packed from the embedding, which stays as it was.
+    assert torch.equal(model.embed.weight, embedding)
+    assert torch.allclose(model.proj(x), expected_proj, atol=1e-5)
+    assert torch.allclose(model.head(x), expected_head, atol=1e-5)
+    assert pack_linear_layers(model) == 0
