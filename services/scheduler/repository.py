@@ -101,7 +101,10 @@ class SchedulerRepository:
             .values(lease_epoch=runs.c.lease_epoch + 1, owner=owner)
             .returning(runs.c.lease_epoch, runs.c.last_seq)
         )
-        async with self.engine.begin() as conn:
+        # One statement is its own transaction: no BEGIN and COMMIT round trips on the
+        # way from queued to running.
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             row = (await conn.execute(query)).first()
         return (int(row.lease_epoch), int(row.last_seq)) if row else None
 
