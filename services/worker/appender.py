@@ -5,7 +5,7 @@ appender keeps the worker's event rate near `events_per_second` whatever the
 number of runs: successive appends are `len(runs) / events_per_second` seconds
 apart, kept between `min_interval` and `max_interval`, and the steps in between
 become one `streaming` event per run. A run's first tokens and its end are
-appended at once. A run whose append is refused (its lease was taken over, or
+appended at once; its `prefill` waits for the first tokens, `min_interval` at most. A run whose append is refused (its lease was taken over, or
 it was cancelled elsewhere) is dropped from the engine, and the others go ahead.
 """
 
@@ -51,10 +51,16 @@ class StepAppender:
         self._starts: dict[str, NewEvent] = {}
 
     def start(self, run_id: str, prefill: NewEvent) -> None:
-        """Queues a newly assigned run's `prefill`, to be appended at once."""
+        """Queues a newly assigned run's `prefill`. It goes out with the run's first tokens,
+        or alone once `min_interval` has passed without them: a short prompt's two events
+        share one transaction, and none is appended while the engine computes its prefill."""
         self._starts[run_id] = prefill
-        self._urgent.set()
-        self._steps.put_nowait(())
+        asyncio.get_running_loop().call_later(self.min_interval, self._start_due, run_id)
+
+    def _start_due(self, run_id: str) -> None:
+        if run_id in self._starts:
+            self._urgent.set()
+            self._steps.put_nowait(())
 
     def on_step(self, outputs: Sequence[RequestOutput]) -> None:
         """Called on the event loop with each step's outputs."""
@@ -81,10 +87,12 @@ class StepAppender:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), delay)
             self._urgent.clear()
-            self._last_append = loop.time()
             while not self._steps.empty():
                 steps.append(self._steps.get_nowait())
             outputs = [output for step in steps for output in step]
+            if not outputs and not self._starts:
+                continue  # a `prefill` that went out with its run's first tokens
+            self._last_append = loop.time()
             while True:
                 try:
                     await self.append(outputs)

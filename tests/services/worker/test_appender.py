@@ -2,7 +2,7 @@ import asyncio
 from collections.abc import Callable
 
 from engine.outputs import RequestOutput
-from services.core.eventstore import EventStore
+from services.core.eventstore import Append, EventStore
 from services.core.runs import NewEvent, NewRun, RunState
 from services.worker.appender import StepAppender
 from services.worker.runs import AssignedRun
@@ -72,16 +72,21 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
             await asyncio.sleep(0.01)
 
 
-async def test_prefill_goes_out_at_once_and_a_stale_lease_drops_the_run(store: EventStore) -> None:
-    async def assigned(run_id: str) -> AssignedRun:
-        await store.append(run_id, 0, [NewEvent(RunState.QUEUED)], new_run=NewRun("t1", "tiny"))
-        epoch = await store.acquire_lease(run_id, "worker-1")
-        return AssignedRun(run_id=run_id, tenant_id="t1", lease_epoch=epoch, last_seq=1)
+async def assigned(store: EventStore, run_id: str) -> AssignedRun:
+    await store.append(run_id, 0, [NewEvent(RunState.QUEUED)], new_run=NewRun("t1", "tiny"))
+    epoch = await store.acquire_lease(run_id, "worker-1")
+    return AssignedRun(run_id=run_id, tenant_id="t1", lease_epoch=epoch, last_seq=1)
 
-    runs = {"a": await assigned("a"), "b": await assigned("b")}
+
+async def test_prefill_goes_out_alone_when_tokens_are_late_and_a_stale_lease_drops_the_run(
+    store: EventStore,
+) -> None:
+    runs = {"a": await assigned(store, "a"), "b": await assigned(store, "b")}
     await store.acquire_lease("b", "worker-2")  # b's lease moved on before it started here
     aborted: list[str] = []
-    appender = StepAppender(store, runs, aborted.append, events_per_second=1e-6, max_interval=60.0)
+    appender = StepAppender(
+        store, runs, aborted.append, events_per_second=1e-6, min_interval=0.05, max_interval=60.0
+    )
     task = asyncio.create_task(appender.run())
     try:
         appender.start("a", NewEvent(RunState.PREFILL))
@@ -99,6 +104,30 @@ async def test_prefill_goes_out_at_once_and_a_stale_lease_drops_the_run(store: E
     ]
     assert [e.kind for e in await store.read("b")] == ["queued"]
     assert aborted == ["b"]
+
+
+async def test_prefill_and_first_tokens_in_time_share_one_append(store: EventStore) -> None:
+    runs = {"a": await assigned(store, "a")}
+    appended: list[list[str]] = []
+    append_batch = store.append_batch
+
+    async def counted(appends: list[Append]) -> None:
+        appended.append([e.kind for a in appends for e in a.events])
+        await append_batch(appends)
+
+    store.append_batch = counted  # type: ignore[method-assign]
+    appender = StepAppender(store, runs, lambda run_id: None, min_interval=30.0)
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.start("a", NewEvent(RunState.PREFILL))
+        await asyncio.sleep(0.1)
+        assert appended == []  # waiting for the first tokens
+        appender.on_step([out("a", 1)])
+        await wait_until(lambda: runs["a"].streamed)
+    finally:
+        task.cancel()
+    assert appended == [["prefill", "streaming"]]
+    assert [e.kind for e in await store.read("a")] == ["queued", "prefill", "streaming"]
 
 
 def test_the_interval_grows_with_the_runs_held_between_its_bounds() -> None:
