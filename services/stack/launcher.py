@@ -28,6 +28,23 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 
 
+ENGINE_THREADS = "TOLLGATE_ENGINE_THREADS"
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def colocated_engine_threads(cpus: int) -> int:
+    """The worker's engine threads when the other services share its machine: one core is
+    left to them, or they queue behind the engine's matrix multiplies (each hop of a run's
+    way to its first token waits for a core)."""
+    return max(1, cpus - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class StackConfig:
     database_url: str
@@ -132,15 +149,18 @@ class Services:
             **self.config.extra_env,
         }
 
+    def worker_env(self) -> dict[str, str]:
+        env = {
+            "TOLLGATE_WORKER_ID": "worker-1",
+            "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks),
+        }
+        if ENGINE_THREADS not in os.environ and ENGINE_THREADS not in self.config.extra_env:
+            env[ENGINE_THREADS] = str(colocated_engine_threads(available_cpus()))
+        return env
+
     def start(self) -> dict[str, ServiceProcess]:
         try:
-            worker = self._start(
-                "worker",
-                {
-                    "TOLLGATE_WORKER_ID": "worker-1",
-                    "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks),
-                },
-            )
+            worker = self._start("worker", self.worker_env())
             self._start("ledger", {})
             scheduler = self._start("scheduler", {"TOLLGATE_WORKERS": f"worker-1={worker.address}"})
             self._start(
