@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -26,7 +26,7 @@ from services.admission.requests import (
 from services.admission.stream import RunFeed, stream_events
 from services.core.errors import IdempotencyKeyReused, Unavailable
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
-from services.core.runs import TERMINAL_STATES, RunState, RunView
+from services.core.runs import TERMINAL_STATES, RunState, RunView, StoredEvent
 from services.core.telemetry import current_traceparent, get_tracer
 from tollgate.v1 import events_pb2
 
@@ -35,6 +35,15 @@ log = structlog.get_logger(__name__)
 ADMITTED = MetricCounter("tollgate_admission_runs_admitted", "Runs admitted", ["model", "priority"])
 UNTIL_BILLED = frozenset({RunState.BILLED})
 UNTIL_TERMINAL = frozenset({*TERMINAL_STATES, RunState.BILLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The run a request names, and its events this admission has just stored (none when
+    the idempotency key named an earlier run)."""
+
+    run_id: str
+    stored: tuple[StoredEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +79,17 @@ class Gateway:
 
     async def submit(self, tenant_id: str, params: GenerateParams) -> str:
         """Admits a new run, or returns the run this idempotency key already names."""
+        return (await self.start(tenant_id, params)).run_id
+
+    async def start(self, tenant_id: str, params: GenerateParams) -> Started:
+        """`submit`, with the `queued` event when this call stored it (to `follow`)."""
         validate(params, self.catalog.names(), self.config.limits)
         # A key seen before is found when admitting conflicts on it: new keys, the common
         # case, cost no extra query.
         if self.queue_depth is not None and self.queue_depth.value > self.config.max_queue_depth:
             existing = await self._existing(tenant_id, params)
             if existing is not None:
-                return self._same_request(existing, params)
+                return Started(self._same_request(existing, params))
             raise Unavailable("the queue is full; retry later", retry_after=1.0)
         model = self.catalog.get(params.model)
         prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
@@ -103,7 +116,7 @@ class Gateway:
             except IdempotencyKeyTaken:
                 existing = await self._existing(tenant_id, params)
                 assert existing is not None
-                return self._same_request(existing, params)
+                return Started(self._same_request(existing, params))
         if self.on_queued is not None:
             self.on_queued(admitted)
         ADMITTED.labels(params.model, params.priority).inc()
@@ -114,7 +127,7 @@ class Gateway:
             tenant_id=tenant_id,
             prompt_tokens=len(prompt_token_ids),
         )
-        return admission.run_id
+        return Started(admission.run_id, (admitted.queued,))
 
     async def aclose(self) -> None:
         """Drops the pending disconnect cancellations (on shutdown)."""
@@ -133,14 +146,21 @@ class Gateway:
         return existing.run_id
 
     async def follow(
-        self, run_id: str, after_seq: int, until_terminal: bool
+        self,
+        run_id: str,
+        after_seq: int,
+        until_terminal: bool,
+        known: Sequence[StoredEvent] = (),
     ) -> AsyncIterator[events_pb2.RunEvent]:
-        """The run's events after `after_seq`; a client leaving early may cancel the run."""
+        """The run's events after `after_seq`, starting with `known` (the events right
+        after it that the caller holds); a client leaving early may cancel the run."""
         stop_kinds = UNTIL_TERMINAL if until_terminal else UNTIL_BILLED
         self._attached[run_id] += 1
         ended = False
         try:
-            async for event in stream_events(self.store, self.feed, run_id, after_seq, stop_kinds):
+            async for event in stream_events(
+                self.store, self.feed, run_id, after_seq, stop_kinds, known=known
+            ):
                 ended = ended or event.state in _ENDED_STATES
                 yield event
         finally:

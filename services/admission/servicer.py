@@ -49,9 +49,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 span.set_attribute("gen_ai.request.top_p", params.sampling.top_p)
             if params.sampling.top_k is not None:
                 span.set_attribute("gen_ai.request.top_k", params.sampling.top_k)
-            run_id = await self.gateway.submit(tenant_id, params)
-        with bound_log_context(run_id=run_id, tenant_id=tenant_id):
-            async for event in self.gateway.follow(run_id, 0, params.until_terminal):
+            started = await self.gateway.start(tenant_id, params)
+        with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
+            async for event in self.gateway.follow(
+                started.run_id, 0, params.until_terminal, known=started.stored
+            ):
                 yield event
 
     @rpc_errors

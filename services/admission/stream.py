@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 
 import psycopg
 import structlog
@@ -104,12 +104,17 @@ async def stream_events(
     after_seq: int,
     stop_kinds: Collection[RunState],
     *,
+    known: Sequence[StoredEvent] = (),
     poll_interval: float = 0.5,
     max_poll_interval: float = 2.0,
 ) -> AsyncIterator[events_pb2.RunEvent]:
     """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`.
 
     Subscribed before the first read, so nothing committed in between is missed.
+    `known` are the events right after `after_seq` that the caller holds already (the
+    `queued` event of a run it has just admitted): they take the first read's place.
+    A notice that went by before the subscription shows up as a gap in the next one, or
+    as silence, and either sends the stream to the store.
     A run that stays silent (queued behind others) is re-read from the store after
     `poll_interval`, then twice as long each time up to `max_poll_interval`, so
     waiting streams cost the database little.
@@ -118,7 +123,8 @@ async def stream_events(
     wait = poll_interval
     with feed.subscribe(run_id) as notices:
         while True:
-            caught_up = await store.read(run_id, after_seq=last)
+            caught_up = list(known) or await store.read(run_id, after_seq=last)
+            known = ()
             for stored in caught_up:
                 yield to_proto(stored)
                 last = stored.seq
