@@ -42,7 +42,9 @@ def to_proto(event: StoredEvent) -> events_pb2.RunEvent:
     message.time.FromDatetime(event.created_at)
     body = getattr(message, str(event.kind))
     body.SetInParent()  # an empty payload still names the event's kind
-    json_format.ParseDict(_fill_integer_lists(body, event.payload), body)
+    rest = _fill_plain_fields(body, event.payload)
+    if rest:
+        json_format.ParseDict(rest, body)
     return message
 
 
@@ -56,26 +58,36 @@ _INTEGER_TYPES = frozenset(
         FieldDescriptor.TYPE_SINT64,
     }
 )
+# Field type -> the Python type a payload value must have exactly to be assigned as it is.
+_PLAIN_TYPES: Mapping[int, type] = {
+    **dict.fromkeys(_INTEGER_TYPES, int),
+    FieldDescriptor.TYPE_STRING: str,
+    FieldDescriptor.TYPE_BOOL: bool,
+}
 
 
-def _fill_integer_lists(body: Message, payload: Mapping[str, Any]) -> dict[str, Any]:
-    """Sets the repeated integer fields of `body` (token ids); returns the rest of `payload`.
+def _fill_plain_fields(body: Message, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Sets the fields of `body` whose values need no conversion (token id lists, text,
+    counts); returns the rest of `payload`, for the JSON mapping to convert.
 
-    ParseDict checks and converts list items one by one in Python; for a prompt of
-    a few hundred tokens that is most of the conversion's time.
+    ParseDict checks and converts values one by one in Python: for a prompt of a few
+    hundred tokens that is most of the conversion's time, and for a `streaming` event
+    all of it. Assignment checks what the mapping would (an integer out of range).
     """
     rest = {}
     fields = body.DESCRIPTOR.fields_by_name
     for name, value in payload.items():
         field = fields.get(name)
-        if (
-            field is not None
-            and field.is_repeated
-            and field.type in _INTEGER_TYPES
-            and isinstance(value, list)
-            and all(type(item) is int for item in value)
-        ):
-            getattr(body, name).extend(value)
+        plain = _PLAIN_TYPES.get(field.type) if field is not None else None
+        if plain is None:
+            rest[name] = value
+        elif field.is_repeated:
+            if isinstance(value, list) and all(type(item) is plain for item in value):
+                getattr(body, name).extend(value)
+            else:
+                rest[name] = value
+        elif type(value) is plain:
+            setattr(body, name, value)
         else:
             rest[name] = value
     return rest

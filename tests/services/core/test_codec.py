@@ -33,6 +33,16 @@ def event(kind: RunState, payload: dict[str, object]) -> StoredEvent:
         (RunState.STREAMING, {"token_ids": [], "text": ""}),
         # Not all plain integers: the JSON mapping converts them.
         (RunState.STREAMING, {"token_ids": ["5", 6], "text": "x"}),
+        (
+            RunState.COMPLETED,
+            {
+                "finish_reason": "length",
+                "usage": {"prompt_tokens": 3, "output_tokens": 2, "kv_block_seconds": 0.25},
+                "ttft_seconds": 0.125,
+            },
+        ),
+        (RunState.BILLED, {"amount_micros": "12", "currency": "USD"}),
+        (RunState.FAILED, {"code": "X", "message": "m", "usage": {}}),
     ],
 )
 def test_the_message_is_the_one_the_json_mapping_gives(
@@ -46,9 +56,11 @@ def test_the_message_is_the_one_the_json_mapping_gives(
     assert getattr(message, str(kind)) == reference
 
 
-def test_an_out_of_range_token_id_is_refused() -> None:
+def test_an_out_of_range_integer_is_refused() -> None:
     with pytest.raises(ValueError):
         to_proto(event(RunState.STREAMING, {"token_ids": [2**31], "text": "x"}))
+    with pytest.raises(ValueError):
+        to_proto(event(RunState.BILLED, {"amount_micros": 2**63, "currency": "USD"}))
 
 
 def test_an_empty_payload_still_names_the_kind() -> None:
