@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission.requests import GenerateParams
+from services.core.db import single_statement
 from services.core.errors import NotFound, QuotaExceeded
 from services.core.eventstore import Append, append_in, view_from_row
 from services.core.runs import NewEvent, NewRun, RunState, RunView, StoredEvent
@@ -132,7 +133,7 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
 
 
 async def find_by_idempotency_key(engine: AsyncEngine, tenant_id: str, key: str) -> RunView | None:
-    async with engine.connect() as conn:
+    async with single_statement(engine) as conn:
         row = (
             await conn.execute(
                 sa.select(runs).where(runs.c.tenant_id == tenant_id, runs.c.idempotency_key == key)

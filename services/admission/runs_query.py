@@ -9,6 +9,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import single_statement
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.eventstore import EventStore, view_from_row
 from services.core.runs import RunView
@@ -39,7 +40,7 @@ async def list_runs(
             sa.tuple_(runs.c.created_at, runs.c.run_id) < sa.tuple_(created_at, run_id)
         )
     query = query.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(size + 1)
-    async with engine.connect() as conn:
+    async with single_statement(engine) as conn:
         rows = [view_from_row(row._mapping) for row in await conn.execute(query)]
     if len(rows) <= size:
         return rows, ""

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.auth import new_key
+from services.core.db import single_statement
 from services.core.errors import FailedPrecondition, NotFound
 from services.core.schema import api_keys, tenants
 
@@ -54,7 +55,7 @@ class TenantRepository:
         return await self.get(tenant_id)
 
     async def get(self, tenant_id: str) -> TenantRecord:
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             row = (
                 await conn.execute(sa.select(tenants).where(tenants.c.tenant_id == tenant_id))
             ).first()
@@ -63,12 +64,12 @@ class TenantRepository:
         return _tenant(row._mapping)
 
     async def find_by_name(self, name: str) -> TenantRecord | None:
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             row = (await conn.execute(sa.select(tenants).where(tenants.c.name == name))).first()
         return _tenant(row._mapping) if row else None
 
     async def list(self) -> list[TenantRecord]:
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             rows = await conn.execute(sa.select(tenants).order_by(tenants.c.created_at))
         return [_tenant(row._mapping) for row in rows]
 

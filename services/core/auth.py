@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import single_statement
 from services.core.errors import Unauthenticated
 from services.core.schema import api_keys
 
@@ -90,7 +91,7 @@ async def authenticate(
     if parts is None:
         raise Unauthenticated("invalid API key")
     key_id, secret = parts
-    async with engine.connect() as conn:
+    async with single_statement(engine) as conn:
         row = (
             await conn.execute(
                 sa.select(api_keys.c.tenant_id, api_keys.c.secret_hash).where(

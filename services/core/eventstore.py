@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.core.db import EVENTS_CHANNEL
+from services.core.db import EVENTS_CHANNEL, single_statement
 from services.core.runs import (
     EventStoreError,
     NewEvent,
@@ -358,11 +358,11 @@ class EventStore:
             .order_by(run_events.c.seq)
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             return [event_from_row(row._mapping) for row in await conn.execute(query)]
 
     async def get_run(self, run_id: str) -> RunView | None:
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             row = (await conn.execute(sa.select(runs).where(runs.c.run_id == run_id))).first()
         return view_from_row(row._mapping) if row else None
 

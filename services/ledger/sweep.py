@@ -13,6 +13,7 @@ import asyncio
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import single_statement
 from services.core.runs import EventStoreError
 from services.core.telemetry import bound_log_context, get_tracer
 from services.ledger import repository
@@ -52,7 +53,7 @@ class Sweeper:
         """Bills every overdue run, each in its own transaction; returns the bills."""
         bills: list[Bill] = []
         while True:
-            async with self.engine.connect() as conn:
+            async with single_statement(self.engine) as conn:
                 run_ids = await repository.overdue_run_ids(conn, self.grace, limit=self.batch_size)
             billed = [bill for run_id in run_ids if (bill := await self.bill_one(run_id))]
             bills.extend(billed)

@@ -7,6 +7,7 @@ from collections.abc import Collection
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import single_statement
 from services.core.runs import RunState
 from services.core.schema import run_events, runs, tenants
 from services.scheduler.records import QueuedRun, RunStatus, queued_run
@@ -26,7 +27,7 @@ class SchedulerRepository:
             .where(runs.c.state == str(RunState.QUEUED))
             .order_by(runs.c.created_at)
         )
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             return list((await conn.scalars(query)).all())
 
     async def load_queued(self, run_ids: Collection[str]) -> list[QueuedRun]:
@@ -65,7 +66,7 @@ class SchedulerRepository:
             .where(runs.c.state == str(RunState.QUEUED), runs.c.run_id.in_(list(run_ids)))
             .order_by(runs.c.created_at)
         )
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             return [self._queued_run(row._mapping) for row in await conn.execute(query)]
 
     def _queued_run(self, row: sa.RowMapping) -> QueuedRun:
@@ -101,10 +102,7 @@ class SchedulerRepository:
             .values(lease_epoch=runs.c.lease_epoch + 1, owner=owner)
             .returning(runs.c.lease_epoch, runs.c.last_seq)
         )
-        # One statement is its own transaction: no BEGIN and COMMIT round trips on the
-        # way from queued to running.
-        async with self.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        async with single_statement(self.engine) as conn:
             row = (await conn.execute(query)).first()
         return (int(row.lease_epoch), int(row.last_seq)) if row else None
 
@@ -126,7 +124,7 @@ class SchedulerRepository:
             runs.c.lease_epoch,
             runs.c.last_seq,
         ).where(condition)
-        async with self.engine.connect() as conn:
+        async with single_statement(self.engine) as conn:
             rows = (await conn.execute(query)).all()
         return {
             row.run_id: RunStatus(
