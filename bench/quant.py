@@ -95,7 +95,12 @@ def forced_log_probs(
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
-    tensors = {t.data_ptr(): t for t in [*module.parameters(), *module.buffers()]}
+    """Bytes of the module's parameters and buffers, a shared tensor counted once. Packed
+    weights have an opaque layout and no storage to share: they count by identity."""
+    tensors = {
+        t.data_ptr() if t.layout == torch.strided else id(t): t
+        for t in [*module.parameters(), *module.buffers()]
+    }
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

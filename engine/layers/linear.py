@@ -60,7 +60,9 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.weight.shape[1]
         self.out_features = linear.weight.shape[0]
-        self.packed = pack_weight(linear.weight.detach())
+        # A buffer, so that the model's size counts it; not saved (its layout is opaque).
+        self.packed: torch.Tensor
+        self.register_buffer("packed", pack_weight(linear.weight.detach()), persistent=False)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

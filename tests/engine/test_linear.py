@@ -55,6 +55,8 @@ def test_packing_replaces_the_fp32_layers_and_leaves_the_rest() -> None:
     assert pack_linear_layers(model) == 2
     assert isinstance(model.proj, PackedLinear) and isinstance(model.head, PackedLinear)
     assert isinstance(model.bf16, Linear)
+    # The packed weight is a buffer of the model: its size still counts.
+    assert dict(model.proj.named_buffers())["packed"].numel() == 16 * 16
     # The tied head is packed from the embedding, which stays as it was.
     assert torch.equal(model.embed.weight, embedding)
     assert torch.allclose(model.proj(x), expected_proj, atol=1e-5)
