@@ -5,8 +5,9 @@ appender keeps the worker's event rate near `events_per_second` whatever the
 number of runs: successive appends are `len(runs) / events_per_second` seconds
 apart, kept between `min_interval` and `max_interval`, and the steps in between
 become one `streaming` event per run. A run's first tokens and its end are
-appended at once; its `prefill` waits for the first tokens, `min_interval` at most. A run whose append is refused (its lease was taken over, or
-it was cancelled elsewhere) is dropped from the engine, and the others go ahead.
+appended at once; its `prefill` waits for the first tokens, `min_interval` at
+most. A run whose append is refused (its lease was taken over, or it was
+cancelled elsewhere) is dropped from the engine, and the others go ahead.
 """
 
 from __future__ import annotations
