@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from services.admission.stream import RunFeed, stream_events
 from services.core.db import EVENTS_CHANNEL, create_engine
 from services.core.eventstore import EventStore
-from services.core.runs import NewEvent, RunState
+from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.admission.worker_double import finish_run
 from tests.services.core.events import start_run, streaming
 from tollgate.v1 import events_pb2
@@ -77,15 +77,8 @@ async def test_events_the_caller_holds_go_first_and_the_rest_come_from_notices(
     run_id = await start_run(store)
     [queued] = await store.read(run_id)
     held = dataclasses.replace(queued, payload={**queued.payload, "model": "as held"})
-
-    async def follow() -> list[events_pb2.RunEvent]:
-        events = stream_events(
-            store, feed, run_id, 0, UNTIL_BILLED, known=[held], poll_interval=NO_POLLING
-        )
-        return [event async for event in events]
-
     async with listening(feed):
-        reader = asyncio.create_task(follow())
+        reader = asyncio.create_task(follow_holding(store, feed, run_id, held))
         await asyncio.sleep(0.2)
         await finish_run(store, run_id, [7, 8], ["a", "b"])
         events = await asyncio.wait_for(reader, 10)
@@ -103,20 +96,24 @@ async def test_a_notice_missed_before_subscribing_is_read_from_the_store(
     async with listening(feed):
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])  # no one follows yet
         await asyncio.sleep(0.2)
-        events = stream_events(
-            store, feed, run_id, 0, UNTIL_BILLED, known=[queued], poll_interval=NO_POLLING
-        )
-        reader = asyncio.create_task(_seqs(events))
+        reader = asyncio.create_task(follow_holding(store, feed, run_id, queued))
         await asyncio.sleep(0.2)
         # The next notice is for seq 3: the gap sends the stream to the store for seq 2.
         await store.append(run_id, 2, [streaming(7)])
         await store.append(run_id, 3, [NewEvent(RunState.FAILED, {"code": "X", "usage": {}})])
         await store.append(run_id, 4, [NewEvent(RunState.BILLED, {"amount_micros": 0})])
-        assert await asyncio.wait_for(reader, 10) == [1, 2, 3, 4, 5]
+        events = await asyncio.wait_for(reader, 10)
+    assert [event.seq for event in events] == [1, 2, 3, 4, 5]
 
 
-async def _seqs(events: AsyncIterator[events_pb2.RunEvent]) -> list[int]:
-    return [event.seq async for event in events]
+async def follow_holding(
+    store: EventStore, feed: RunFeed, run_id: str, queued: StoredEvent
+) -> list[events_pb2.RunEvent]:
+    """The run's stream for a caller that holds its `queued` event; notices only."""
+    events = stream_events(
+        store, feed, run_id, 0, UNTIL_BILLED, known=[queued], poll_interval=NO_POLLING
+    )
+    return [event async for event in events]
 
 
 async def test_an_unreadable_notice_sends_the_stream_to_the_store(
