@@ -94,11 +94,25 @@ def packed_linear(
 def pack_linear_layers(model: nn.Module) -> int:
     """Replace the model's fp32 CPU `Linear` layers by `PackedLinear` in place; return how many.
 
-    A packed layer no longer holds its weight as a tensor of its own. Where another module
-    shares that weight (an LM head tied to the embedding), the packed copy is extra memory:
-    vocabulary x hidden elements.
+    A layer whose weight another module shares (an LM head tied to the embedding) stays as
+    it is: packing it would add a copy of vocabulary x hidden elements.
     """
-    return replace_linear_layers(model, lambda linear: can_pack(linear.weight), PackedLinear)
+    shared = shared_weights(model)
+    return replace_linear_layers(
+        model,
+        lambda linear: can_pack(linear.weight) and id(linear.weight) not in shared,
+        PackedLinear,
+    )
+
+
+def shared_weights(model: nn.Module) -> set[int]:
+    """Ids of the parameters that modules other than `Linear` layers hold (a tied embedding)."""
+    return {
+        id(param)
+        for module in model.modules()
+        if not isinstance(module, Linear)
+        for param in module.parameters(recurse=False)
+    }
 
 
 def replace_linear_layers(

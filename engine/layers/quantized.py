@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.linear import Linear, replace_linear_layers
+from engine.layers.linear import Linear, replace_linear_layers, shared_weights
 
 # 4 MiB of fp32 per chunk: fewer, larger chunks cost Python overhead less but fall out of cache.
 _CHUNK_ELEMENTS = 1 << 20
@@ -73,12 +73,7 @@ def quantize_int8(model: nn.Module) -> int:
     """
     dtype = next(model.parameters()).dtype
     buffer = DequantBuffer(dtype)
-    shared = {
-        id(param)
-        for module in model.modules()
-        if not isinstance(module, Linear)
-        for param in module.parameters(recurse=False)
-    }
+    shared = shared_weights(model)
     return replace_linear_layers(
         model,
         lambda linear: id(linear.weight) not in shared,
