@@ -28,21 +28,11 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 
 
-ENGINE_THREADS = "TOLLGATE_ENGINE_THREADS"
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def colocated_engine_threads(cpus: int) -> int:
-    """The worker's engine threads when the other services share its machine: one core is
-    left to them, or they queue behind the engine's matrix multiplies (each hop of a run's
-    way to its first token waits for a core)."""
-    return max(1, cpus - 1)
+# The worker shares the machine with the other services: one core is left to them, or
+# they queue behind the engine's matrix multiplies (each hop of a run's way to its first
+# token waits for a core). Either variable set by the caller wins.
+THREAD_VARIABLES = ("TOLLGATE_ENGINE_THREADS", "TOLLGATE_RESERVED_CORES")
+COLOCATED_RESERVED_CORES = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +144,10 @@ class Services:
             "TOLLGATE_WORKER_ID": "worker-1",
             "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks),
         }
-        if ENGINE_THREADS not in os.environ and ENGINE_THREADS not in self.config.extra_env:
-            env[ENGINE_THREADS] = str(colocated_engine_threads(available_cpus()))
+        if not any(
+            name in os.environ or name in self.config.extra_env for name in THREAD_VARIABLES
+        ):
+            env["TOLLGATE_RESERVED_CORES"] = COLOCATED_RESERVED_CORES
         return env
 
     def start(self) -> dict[str, ServiceProcess]:

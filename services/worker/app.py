@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 import structlog
+import torch
 
 from engine.async_engine import AsyncEngine
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
@@ -65,12 +66,27 @@ class WorkerSettings:
                     env_choice("TOLLGATE_QUANTIZATION", "none", ("none", *QUANTIZATIONS))
                 ),
                 kv_dtype=env_choice("TOLLGATE_KV_DTYPE", "auto", KV_DTYPES),
-                num_threads=env_int("TOLLGATE_ENGINE_THREADS", 0) or None,
+                num_threads=engine_threads(
+                    env_int("TOLLGATE_ENGINE_THREADS", 0), env_int("TOLLGATE_RESERVED_CORES", 0)
+                ),
             ),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
             events_per_second=env_float("TOLLGATE_STREAM_EVENTS_PER_S", 100.0),
         )
+
+
+def engine_threads(configured: int, reserved_cores: int) -> int | None:
+    """The engine's threads: `configured` when set, else torch's default less the cores
+    reserved for other processes on this machine; None leaves torch's default."""
+    if configured < 0 or reserved_cores < 0:
+        name = "TOLLGATE_ENGINE_THREADS" if configured < 0 else "TOLLGATE_RESERVED_CORES"
+        raise ConfigError(f"{name} must not be negative")
+    if configured:
+        return configured
+    if reserved_cores:
+        return max(1, torch.get_num_threads() - reserved_cores)
+    return None
 
 
 def _optional(choice: str) -> str | None:

@@ -2,13 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from services.stack.launcher import (
-    ENGINE_THREADS,
-    Services,
-    StackConfig,
-    available_cpus,
-    colocated_engine_threads,
-)
+from services.stack.launcher import THREAD_VARIABLES, Services, StackConfig
 
 
 def _services(**extra_env: str) -> Services:
@@ -23,17 +17,14 @@ def _services(**extra_env: str) -> Services:
     return Services(config, Path("/tmp/logs"))
 
 
-def test_the_engine_leaves_one_core_to_the_other_services() -> None:
-    assert [colocated_engine_threads(n) for n in (1, 2, 4, 16)] == [1, 1, 3, 15]
-
-
-def test_the_worker_gets_the_colocated_thread_count_unless_one_is_set(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("name", THREAD_VARIABLES)
+def test_the_worker_leaves_a_core_to_the_services_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    monkeypatch.delenv(ENGINE_THREADS, raising=False)
-    expected = str(colocated_engine_threads(available_cpus()))
-    assert _services().worker_env()[ENGINE_THREADS] == expected
+    for variable in THREAD_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    assert _services().worker_env()["TOLLGATE_RESERVED_CORES"] == "1"
     # Set by the caller, in the stack's extra variables or the environment: left alone.
-    assert ENGINE_THREADS not in _services(**{ENGINE_THREADS: "2"}).worker_env()
-    monkeypatch.setenv(ENGINE_THREADS, "2")
-    assert ENGINE_THREADS not in _services().worker_env()
+    assert "TOLLGATE_RESERVED_CORES" not in _services(**{name: "2"}).worker_env()
+    monkeypatch.setenv(name, "2")
+    assert "TOLLGATE_RESERVED_CORES" not in _services().worker_env()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.core.config import ConfigError
 from services.worker.app import WorkerSettings
@@ -11,7 +12,12 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setenv("TOLLGATE_DATABASE_URL", "postgresql+psycopg://localhost/x")
     monkeypatch.setenv("TOLLGATE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     monkeypatch.setenv("TOLLGATE_MODELS", "tiny=/models/tiny")
-    for name in ("TOLLGATE_QUANTIZATION", "TOLLGATE_KV_DTYPE", "TOLLGATE_ENGINE_THREADS"):
+    for name in (
+        "TOLLGATE_QUANTIZATION",
+        "TOLLGATE_KV_DTYPE",
+        "TOLLGATE_ENGINE_THREADS",
+        "TOLLGATE_RESERVED_CORES",
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -31,8 +37,26 @@ def test_quantization_and_kv_dtype_come_from_the_environment(
     assert (engine.quantization, engine.kv_dtype, engine.num_threads) == ("int8", "bfloat16", 1)
 
 
+def test_reserved_cores_come_off_torchs_thread_count_unless_threads_are_set(
+    worker_env: pytest.MonkeyPatch,
+) -> None:
+    worker_env.setattr(torch, "get_num_threads", lambda: 8)
+    worker_env.setenv("TOLLGATE_RESERVED_CORES", "1")
+    assert WorkerSettings.from_env().engine.num_threads == 7
+    worker_env.setenv("TOLLGATE_RESERVED_CORES", "12")
+    assert WorkerSettings.from_env().engine.num_threads == 1
+    worker_env.setenv("TOLLGATE_ENGINE_THREADS", "3")
+    assert WorkerSettings.from_env().engine.num_threads == 3
+
+
 @pytest.mark.parametrize(
-    ("name", "value"), [("TOLLGATE_QUANTIZATION", "int4"), ("TOLLGATE_KV_DTYPE", "float16")]
+    ("name", "value"),
+    [
+        ("TOLLGATE_QUANTIZATION", "int4"),
+        ("TOLLGATE_KV_DTYPE", "float16"),
+        ("TOLLGATE_ENGINE_THREADS", "-1"),
+        ("TOLLGATE_RESERVED_CORES", "-1"),
+    ],
 )
 def test_an_unknown_value_names_the_variable(
     worker_env: pytest.MonkeyPatch, name: str, value: str
