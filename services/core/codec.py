@@ -72,7 +72,8 @@ def _fill_plain_fields(body: Message, payload: Mapping[str, Any]) -> dict[str, A
 
     ParseDict checks and converts values one by one in Python: for a prompt of a few
     hundred tokens that is most of the conversion's time, and for a `streaming` event
-    all of it. Assignment checks what the mapping would (an integer out of range).
+    all of it. Assignment refuses what the mapping would (an integer out of range), with
+    ValueError where the mapping raises its ParseError.
     """
     rest = {}
     fields = body.DESCRIPTOR.fields_by_name

@@ -52,9 +52,10 @@ class StepAppender:
         self._starts: dict[str, NewEvent] = {}
 
     def start(self, run_id: str, prefill: NewEvent) -> None:
-        """Queues a newly assigned run's `prefill`. It goes out with the run's first tokens,
-        or alone once `min_interval` has passed without them: a short prompt's two events
-        share one transaction, and none is appended while the engine computes its prefill."""
+        """Queues a newly assigned run's `prefill`. It goes out with the next append: the
+        run's first tokens, another run's, or its own once `min_interval` has passed. A
+        short prompt's two events share one transaction, and a lone run's prefill is
+        computed with no append beside it."""
         self._starts[run_id] = prefill
         asyncio.get_running_loop().call_later(self.min_interval, self._start_due, run_id)
 

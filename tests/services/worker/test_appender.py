@@ -1,9 +1,9 @@
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engine.outputs import RequestOutput
 from services.core.eventstore import Append, EventStore
-from services.core.runs import NewEvent, NewRun, RunState
+from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
 from services.worker.appender import StepAppender
 from services.worker.runs import AssignedRun
 from tests.services.worker.test_runs import METRICS
@@ -111,9 +111,9 @@ async def test_prefill_and_first_tokens_in_time_share_one_append(store: EventSto
     appended: list[list[str]] = []
     append_batch = store.append_batch
 
-    async def counted(appends: list[Append]) -> None:
+    async def counted(appends: Sequence[Append]) -> list[StoredEvent]:
         appended.append([e.kind for a in appends for e in a.events])
-        await append_batch(appends)
+        return await append_batch(appends)
 
     store.append_batch = counted  # type: ignore[method-assign]
     appender = StepAppender(store, runs, lambda run_id: None, min_interval=30.0)
