@@ -58,8 +58,6 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: Linear) -> None:
         super().__init__()
-        self.in_features = linear.weight.shape[1]
-        self.out_features = linear.weight.shape[0]
         # A buffer, so that the model's size counts it; not saved (its layout is opaque).
         self.packed: torch.Tensor
         self.register_buffer("packed", pack_weight(linear.weight.detach()), persistent=False)

@@ -48,19 +48,14 @@ def to_proto(event: StoredEvent) -> events_pb2.RunEvent:
     return message
 
 
-_INTEGER_TYPES = frozenset(
-    {
-        FieldDescriptor.TYPE_INT32,
-        FieldDescriptor.TYPE_INT64,
-        FieldDescriptor.TYPE_UINT32,
-        FieldDescriptor.TYPE_UINT64,
-        FieldDescriptor.TYPE_SINT32,
-        FieldDescriptor.TYPE_SINT64,
-    }
-)
 # Field type -> the Python type a payload value must have exactly to be assigned as it is.
 _PLAIN_TYPES: Mapping[int, type] = {
-    **dict.fromkeys(_INTEGER_TYPES, int),
+    FieldDescriptor.TYPE_INT32: int,
+    FieldDescriptor.TYPE_INT64: int,
+    FieldDescriptor.TYPE_UINT32: int,
+    FieldDescriptor.TYPE_UINT64: int,
+    FieldDescriptor.TYPE_SINT32: int,
+    FieldDescriptor.TYPE_SINT64: int,
     FieldDescriptor.TYPE_STRING: str,
     FieldDescriptor.TYPE_BOOL: bool,
 }
@@ -80,15 +75,12 @@ def _fill_plain_fields(body: Message, payload: Mapping[str, Any]) -> dict[str, A
     for name, value in payload.items():
         field = fields.get(name)
         plain = _PLAIN_TYPES.get(field.type) if field is not None else None
-        if plain is None:
+        if plain is None or field is None:
             rest[name] = value
-        elif field.is_repeated:
-            if isinstance(value, list) and all(type(item) is plain for item in value):
-                getattr(body, name).extend(value)
-            else:
-                rest[name] = value
-        elif type(value) is plain:
+        elif not field.is_repeated and type(value) is plain:
             setattr(body, name, value)
+        elif field.is_repeated and isinstance(value, list) and all(type(v) is plain for v in value):
+            getattr(body, name).extend(value)
         else:
             rest[name] = value
     return rest
