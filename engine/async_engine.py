@@ -10,7 +10,7 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.errors import EngineError, RequestError
-from engine.llm_engine import LLMEngine, PreparedRequest, Prompt
+from engine.llm_engine import LLMEngine, PreparedRequest, Prompt, RequestLimits
 from engine.outputs import RequestOutput
 from engine.sampling import Priority, SamplingParams
 
@@ -44,32 +44,25 @@ class RequestStream:
         self._queue.put_nowait(item)
 
 
-class AsyncEngine:
-    """Thread-backed wrapper of `LLMEngine` for asyncio code.
+class EngineFront:
+    """What every asyncio front of the engine shares: one stream per request, the step
+    callback, and failing streams when the engine goes away.
 
-    `add_request` and `abort` must be called from the event loop's thread; the engine
-    itself is only touched by the background thread.
+    Subclasses queue requests and aborts wherever their step loop runs, and call
+    `_deliver` on the event loop with each step's outputs.
     """
 
-    def __init__(
-        self, engine: LLMEngine, on_step: Callable[[list[RequestOutput]], None] | None = None
-    ) -> None:
-        self.engine = engine
+    limits: RequestLimits
+
+    def __init__(self, on_step: Callable[[list[RequestOutput]], None] | None = None) -> None:
         # Sees every step's outputs together, on the event loop, before the streams do.
         self._on_step = on_step
-        self._commands: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        self._wake = threading.Event()
         self._streams: dict[str, RequestStream] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._closed = False
 
-    @classmethod
-    async def from_model_dir(
-        cls, model_dir: str | Path, config: EngineConfig | None = None
-    ) -> AsyncEngine:
-        """Load the model on a worker thread so the event loop keeps running meanwhile."""
-        return cls(await asyncio.to_thread(LLMEngine.from_model_dir, model_dir, config))
+    @property
+    def num_free_blocks(self) -> int:
+        raise NotImplementedError
 
     def add_request(
         self,
@@ -80,19 +73,10 @@ class AsyncEngine:
         cache_namespace: str = "",
         priority: Priority | str = Priority.INTERACTIVE,
     ) -> RequestStream:
-        """Queue a request and return its output stream; raises RequestError at once if invalid."""
-        if self._closed:
-            raise EngineClosedError("the engine is shut down")
-        if request_id in self._streams:
-            raise RequestError(f"request id {request_id!r} is already in use")
-        prepared = self.engine.prepare_request(
-            request_id, prompt, params, cache_namespace=cache_namespace, priority=priority
-        )
-        stream = RequestStream(request_id)
-        self._streams[request_id] = stream
-        self._start()
-        self._submit(lambda: self._enqueue(prepared))
-        return stream
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError
 
     async def generate(
         self,
@@ -113,6 +97,87 @@ class AsyncEngine:
         finally:
             if not stream.finished:
                 self.abort(request_id)
+
+    def _open_stream(self, request_id: str) -> RequestStream:
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        if request_id in self._streams:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        stream = self._streams[request_id] = RequestStream(request_id)
+        return stream
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if self._on_step is not None:
+            self._on_step(outputs)
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream._put(output)
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _fail_one(self, request_id: str, error: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream._put(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream._put(error)
+
+
+class AsyncEngine(EngineFront):
+    """Thread-backed wrapper of `LLMEngine` for asyncio code.
+
+    `add_request` and `abort` must be called from the event loop's thread; the engine
+    itself is only touched by the background thread. The step loop shares this process's
+    interpreter lock with the event loop: where the event loop is busy, `ProcessEngine`
+    keeps the steps apart from it.
+    """
+
+    def __init__(
+        self, engine: LLMEngine, on_step: Callable[[list[RequestOutput]], None] | None = None
+    ) -> None:
+        super().__init__(on_step)
+        self.engine = engine
+        self.limits = engine.limits
+        self._commands: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    async def from_model_dir(
+        cls, model_dir: str | Path, config: EngineConfig | None = None
+    ) -> AsyncEngine:
+        """Load the model on a worker thread so the event loop keeps running meanwhile."""
+        return cls(await asyncio.to_thread(LLMEngine.from_model_dir, model_dir, config))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.engine.num_free_blocks
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        cache_namespace: str = "",
+        priority: Priority | str = Priority.INTERACTIVE,
+    ) -> RequestStream:
+        """Queue a request and return its output stream; raises RequestError at once if invalid."""
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        prepared = self.engine.prepare_request(
+            request_id, prompt, params, cache_namespace=cache_namespace, priority=priority
+        )
+        stream = self._open_stream(request_id)
+        self._start()
+        self._submit(lambda: self._enqueue(prepared))
+        return stream
 
     def abort(self, request_id: str) -> None:
         """Abort in any state; the stream then ends with a finish_reason "abort" output."""
@@ -164,24 +229,3 @@ class AsyncEngine:
     def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(callback, *args)
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        if self._on_step is not None:
-            self._on_step(outputs)
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is None:
-                continue
-            stream._put(output)
-            if output.finished:
-                del self._streams[output.request_id]
-
-    def _fail_one(self, request_id: str, error: BaseException) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            stream._put(error)
-
-    def _fail_all(self, error: BaseException) -> None:
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream._put(error)

@@ -32,6 +32,35 @@ from engine.tokenizer import Tokenizer
 Prompt = str | Seq[int]
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What a request is checked against before it is queued."""
+
+    vocab_size: int
+    max_model_len: int
+    num_total_blocks: int
+    block_size: int
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def check(self, token_ids: Seq[int], params: SamplingParams) -> None:
+        """Raises RequestError naming what is wrong with the request."""
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(token_ids)} tokens; this model takes at most {self.max_model_len - 1}"
+            )
+        needed = self.blocks_needed(min(len(token_ids) + params.max_tokens, self.max_model_len))
+        if needed > self.num_total_blocks:
+            raise RequestError(
+                f"the request needs {needed} KV blocks; the pool has {self.num_total_blocks}"
+            )
+
+
 @dataclass(slots=True)
 class PreparedRequest:
     """A validated request not yet handed to the batcher (see `LLMEngine.prepare_request`)."""
@@ -90,6 +119,9 @@ class LLMEngine:
             watermark_blocks=max(1, num_blocks // 100),
         )
         self.runner = ModelRunner(model, config.block_size, num_blocks, dtype, kv_dtype)
+        self.limits = RequestLimits(
+            self.model_config.vocab_size, self.max_model_len, num_blocks, config.block_size
+        )
         self._clock = clock
         self._requests: dict[str, PreparedRequest] = {}
         self._pending_outputs: list[RequestOutput] = []
@@ -174,7 +206,7 @@ class LLMEngine:
         token_ids = (
             self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         )
-        self._validate(token_ids, params)
+        self.limits.check(token_ids, params)
         seq = Sequence(
             request_id,
             token_ids,
@@ -294,22 +326,6 @@ class LLMEngine:
         request.seq.finish_reason = reason
         self.batcher.finish(request.seq)
         del self._requests[request.seq.request_id]
-
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise RequestError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(
-                f"the prompt has {len(token_ids)} tokens; this model takes at most {self.max_model_len - 1}"
-            )
-        needed = self.blocks_needed(min(len(token_ids) + params.max_tokens, self.max_model_len))
-        if needed > self.num_total_blocks:
-            raise RequestError(
-                f"the request needs {needed} KV blocks; the pool has {self.num_total_blocks}"
-            )
 
     def _cache_root(self, namespace: str) -> bytes:
         key = PrefixKey(

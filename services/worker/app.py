@@ -9,9 +9,8 @@ import grpc
 import structlog
 import torch
 
-from engine.async_engine import AsyncEngine
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.process_engine import ProcessEngine
 from services.core.config import (
     CommonSettings,
     ConfigError,
@@ -146,8 +145,7 @@ async def main() -> None:
         lambda run_id: engine.abort(run_id),
         events_per_second=settings.events_per_second,
     )
-    llm = await asyncio.to_thread(LLMEngine.from_model_dir, settings.model_dir, settings.engine)
-    engine = AsyncEngine(llm, on_step=appender.on_step)
+    engine = await ProcessEngine.start(settings.model_dir, settings.engine, appender.on_step)
     core = WorkerCore(settings.worker_id, settings.model_name, engine, store, appender.start, runs)
 
     def add_servicers(server: grpc.aio.Server) -> None:
@@ -156,8 +154,8 @@ async def main() -> None:
     server, port, health = create_server(settings.common.listen, add_servicers)
     host = settings.common.listen.rsplit(":", 1)[0]
     address = f"{host}:{port}"
-    # No outbox relay here: the other services run one, and the engine thread would
-    # share this process's GIL with it.
+    # No outbox relay here: the other services run one, and this process's event loop
+    # should stay quick to append each step.
     background = [appender.run()]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import EngineFront
 from engine.errors import RequestError
 from engine.sampling import Priority, SamplingParams
 from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
@@ -50,7 +50,7 @@ class WorkerCore:
         self,
         worker_id: str,
         model: str,
-        engine: AsyncEngine,
+        engine: EngineFront,
         store: EventStore,
         start_run: Callable[[str, NewEvent], None],
         runs: dict[str, AssignedRun] | None = None,
@@ -73,7 +73,7 @@ class WorkerCore:
             raise Unavailable("the worker is draining", retry_after=1.0)
         if assignment.model != self.model:
             raise FailedPrecondition(f"this worker serves {self.model!r}", "WRONG_MODEL")
-        needed = self.engine.engine.blocks_needed(
+        needed = self.engine.limits.blocks_needed(
             len(assignment.prompt_token_ids) + assignment.sampling.max_tokens
         )
         if needed > self.num_free_blocks:
@@ -139,17 +139,17 @@ class WorkerCore:
     def num_free_blocks(self) -> int:
         """Blocks not promised to a running run: each may grow to its full length."""
         reserved = sum(run.num_reserved_blocks for run in self.runs.values())
-        return self.engine.engine.num_total_blocks - reserved
+        return self.engine.limits.num_total_blocks - reserved
 
     def status(self) -> Status:
-        engine = self.engine.engine
-        observe_pool(engine.num_free_blocks, engine.num_total_blocks, self.num_free_blocks)
+        limits = self.engine.limits
+        observe_pool(self.engine.num_free_blocks, limits.num_total_blocks, self.num_free_blocks)
         return Status(
             worker_id=self.worker_id,
             model=self.model,
             num_free_blocks=self.num_free_blocks,
-            num_total_blocks=engine.num_total_blocks,
-            block_size=engine.config.block_size,
+            num_total_blocks=limits.num_total_blocks,
+            block_size=limits.block_size,
             running_run_ids=sorted(self.runs),
             draining=self.draining,
         )

@@ -1,0 +1,216 @@
+"""asyncio front of the engine whose step loop runs in a child process.
+
+A step loop on a thread shares the interpreter lock with the event loop: every
+time the event loop runs Python (network I/O, serialization), the engine's next
+operator waits for the lock, and its steps stretch. In a process of its own the
+engine keeps its steps to itself.
+
+The child loads the model and then answers a pipe: requests, aborts and a stop
+come in; each step's outputs and the free block count go out. Requests are
+checked here first (against the child's `RequestLimits`), so a bad one is
+refused at once, as with `AsyncEngine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine.async_engine import EngineClosedError, EngineFront, RequestStream
+from engine.config import EngineConfig
+from engine.errors import EngineError, ModelLoadError, RequestError
+from engine.llm_engine import LLMEngine, RequestLimits
+from engine.outputs import RequestOutput
+from engine.sampling import Priority, SamplingParams
+
+# How long a stopping child may take to finish its step and exit before it is killed.
+STOP_TIMEOUT_SECONDS = 10.0
+
+
+class ProcessEngine(EngineFront):
+    """Same use as `AsyncEngine`; prompts are token ids. Start it with `start`."""
+
+    def __init__(
+        self,
+        process: multiprocessing.process.BaseProcess,
+        conn: Connection,
+        limits: RequestLimits,
+        on_step: Callable[[list[RequestOutput]], None] | None = None,
+    ) -> None:
+        super().__init__(on_step)
+        self.limits = limits
+        self._free_blocks = limits.num_total_blocks
+        self._process = process
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(conn.fileno(), self._on_readable)
+        self._reading = True
+
+    @classmethod
+    async def start(
+        cls,
+        model_dir: str | Path,
+        config: EngineConfig | None = None,
+        on_step: Callable[[list[RequestOutput]], None] | None = None,
+    ) -> ProcessEngine:
+        """Starts the child and waits until its model is loaded; raises ModelLoadError
+        (or what loading raised) when it cannot be."""
+        context = multiprocessing.get_context("spawn")
+        conn, child_conn = context.Pipe()
+        process = context.Process(
+            target=serve,
+            args=(child_conn, str(model_dir), config or EngineConfig()),
+            name="tollgate-engine",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        try:
+            kind, body = await asyncio.to_thread(conn.recv)
+        except EOFError:
+            await asyncio.to_thread(process.join)
+            conn.close()
+            raise ModelLoadError(
+                f"the engine process exited while loading (exit code {process.exitcode})"
+            ) from None
+        if kind != "ready":
+            await asyncio.to_thread(process.join)
+            conn.close()
+            raise body
+        return cls(process, conn, body, on_step)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """As of the last step the child reported."""
+        return self._free_blocks
+
+    def add_request(  # type: ignore[override]
+        self,
+        request_id: str,
+        prompt: Seq[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_namespace: str = "",
+        priority: Priority | str = Priority.INTERACTIVE,
+    ) -> RequestStream:
+        """Queue a request and return its output stream; raises RequestError at once if invalid."""
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        if isinstance(prompt, str):
+            raise TypeError("ProcessEngine takes token ids; tokenize the prompt first")
+        params = params or SamplingParams()
+        token_ids = [int(token) for token in prompt]
+        self.limits.check(token_ids, params)
+        command = ("add", request_id, token_ids, params, cache_namespace, Priority.parse(priority))
+        stream = self._open_stream(request_id)
+        self._send(command)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort in any state; the stream then ends with a finish_reason "abort" output."""
+        if request_id in self._streams and not self._closed:
+            self._send(("abort", request_id))
+
+    async def shutdown(self) -> None:
+        """Stops the child (killed if it does not stop in time); open streams end with
+        EngineClosedError."""
+        if not self._closed:
+            self._closed = True
+            self._send(("stop",))
+        self._stop_reading()
+        await asyncio.to_thread(self._process.join, STOP_TIMEOUT_SECONDS)
+        if self._process.is_alive():
+            self._process.kill()
+            await asyncio.to_thread(self._process.join)
+        self._conn.close()
+        self._fail_all(EngineClosedError("the engine was shut down"))
+
+    def _send(self, command: tuple[Any, ...]) -> None:
+        try:
+            self._conn.send(command)
+        except (BrokenPipeError, ConnectionResetError):
+            self._lost()
+
+    def _on_readable(self) -> None:
+        try:
+            while self._conn.poll():
+                kind, *body = self._conn.recv()
+                if kind == "step":
+                    outputs, self._free_blocks = body
+                    self._deliver(outputs)
+                elif kind == "refused":
+                    request_id, error = body
+                    self._fail_one(request_id, error)
+                else:  # "failed": the step loop raised, and the child is exiting
+                    self._lost(body[0])
+                    return
+        except (EOFError, OSError):
+            self._lost()
+
+    def _lost(self, error: BaseException | None = None) -> None:
+        """The child is gone: every open stream fails, and nothing more is sent."""
+        if not self._reading:
+            return
+        self._closed = True
+        self._stop_reading()
+        reason = repr(error) if error is not None else f"exit code {self._process.exitcode}"
+        failure = EngineClosedError(f"the engine process failed: {reason}")
+        failure.__cause__ = error
+        self._fail_all(failure)
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._conn.fileno())
+
+
+def serve(conn: Connection, model_dir: str, config: EngineConfig) -> None:
+    """The child's main: load, report ready, then step while there is work."""
+    # Interrupts and termination are the parent's to handle: it says when to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        engine = LLMEngine.from_model_dir(model_dir, config)
+    except Exception as error:
+        conn.send(
+            ("error", error if isinstance(error, EngineError) else ModelLoadError(repr(error)))
+        )
+        return
+    conn.send(("ready", engine.limits))
+    try:
+        while True:
+            # Block for commands only while idle; between steps, take what has arrived.
+            while conn.poll(0 if engine.has_unfinished_requests() else None):
+                if not _apply(engine, conn, conn.recv()):
+                    return
+            outputs = engine.step()
+            if outputs:
+                conn.send(("step", outputs, engine.num_free_blocks))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone
+    except BaseException as error:
+        conn.send(("failed", EngineError(f"the engine step loop failed: {error!r}")))
+
+
+def _apply(engine: LLMEngine, conn: Connection, command: tuple[Any, ...]) -> bool:
+    """Carries out one command; False on stop."""
+    kind, *args = command
+    if kind == "stop":
+        return False
+    if kind == "abort":
+        engine.abort(args[0])
+        return True
+    request_id, token_ids, params, namespace, priority = args
+    try:
+        engine.add_request(
+            request_id, token_ids, params, cache_namespace=namespace, priority=priority
+        )
+    except RequestError as error:
+        conn.send(("refused", request_id, error))
+    return True

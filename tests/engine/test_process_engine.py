@@ -1,0 +1,113 @@
+"""The engine in a child process: same outputs as in-process, refusals at once, and open
+streams fail (never hang) when the child stops or dies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from engine.async_engine import EngineClosedError, RequestStream
+from engine.config import EngineConfig
+from engine.errors import ModelLoadError, RequestError
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.process_engine import ProcessEngine
+from engine.sampling import SamplingParams
+
+CONFIG = EngineConfig(num_kv_blocks=256, block_size=4, max_num_batched_tokens=64)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+ENDLESS = SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)
+
+
+async def collect(stream: RequestStream) -> list[RequestOutput]:
+    return [out async for out in stream]
+
+
+@pytest.fixture
+async def started(tiny_dir: Path) -> AsyncIterator[tuple[ProcessEngine, list[str]]]:
+    seen: list[str] = []
+    engine = await ProcessEngine.start(
+        tiny_dir, CONFIG, on_step=lambda outs: seen.extend(o.request_id for o in outs)
+    )
+    try:
+        yield engine, seen
+    finally:
+        await engine.shutdown()
+
+
+async def test_streams_match_the_engine_in_process(
+    make_engine: Callable[..., LLMEngine], started: tuple[ProcessEngine, list[str]]
+) -> None:
+    sync = make_engine()
+    prompts = [sync.tokenizer.encode(p) for p in ("the toll gate", "a cache block", "tenant")]
+    expected = [r.token_ids for r in sync.generate(prompts, GREEDY)]
+    engine, seen = started
+    streams = [engine.add_request(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]
+    results = await asyncio.gather(*(collect(s) for s in streams))
+    for outs, tokens in zip(results, expected, strict=True):
+        assert tuple(t for o in outs for t in o.new_token_ids) == tokens
+        assert outs[-1].finish_reason == "length"
+    assert sorted(seen) == sorted(o.request_id for outs in results for o in outs)
+    assert engine.num_free_blocks == engine.limits.num_total_blocks
+
+
+async def test_bad_requests_are_refused_at_once(
+    started: tuple[ProcessEngine, list[str]],
+) -> None:
+    engine, _ = started
+    with pytest.raises(RequestError, match="empty"):
+        engine.add_request("empty", [], GREEDY)
+    too_long = [5] * engine.limits.max_model_len
+    with pytest.raises(RequestError, match="at most"):
+        engine.add_request("long", too_long, GREEDY)
+    with pytest.raises(RequestError, match="token ids"):
+        engine.add_request("vocab", [engine.limits.vocab_size], GREEDY)
+    with pytest.raises(TypeError):
+        engine.add_request("text", "a prompt", GREEDY)  # type: ignore[arg-type]
+    engine.add_request("dup", [5, 6], GREEDY)
+    with pytest.raises(RequestError, match="in use"):
+        engine.add_request("dup", [5, 6], GREEDY)
+
+
+async def test_abort_ends_the_stream_and_frees_the_blocks(
+    started: tuple[ProcessEngine, list[str]],
+) -> None:
+    engine, _ = started
+    stream = engine.add_request("long", [5, 6, 7], ENDLESS)
+    first = await stream.__anext__()
+    assert not first.finished and engine.num_free_blocks < engine.limits.num_total_blocks
+    engine.abort("long")
+    rest = await collect(stream)
+    assert rest[-1].finish_reason == "abort"
+    assert engine.num_free_blocks == engine.limits.num_total_blocks
+
+
+async def test_a_dead_child_fails_open_streams(tiny_dir: Path) -> None:
+    engine = await ProcessEngine.start(tiny_dir, CONFIG)
+    try:
+        stream = engine.add_request("r", [5, 6, 7], ENDLESS)
+        await stream.__anext__()
+        engine._process.kill()
+        with pytest.raises(EngineClosedError, match="engine process failed"):
+            await asyncio.wait_for(collect(stream), 30)
+        with pytest.raises(EngineClosedError):
+            engine.add_request("after", [5], GREEDY)
+    finally:
+        await engine.shutdown()
+
+
+async def test_shutdown_stops_the_child_and_fails_open_streams(tiny_dir: Path) -> None:
+    engine = await ProcessEngine.start(tiny_dir, CONFIG)
+    stream = engine.add_request("r", [5, 6, 7], ENDLESS)
+    await engine.shutdown()
+    with pytest.raises(EngineClosedError):
+        await collect(stream)
+    assert not engine._process.is_alive() and engine._process.exitcode == 0
+
+
+async def test_a_model_that_cannot_load_raises(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="config.json"):
+        await ProcessEngine.start(tmp_path, CONFIG)
