@@ -46,6 +46,8 @@ class ProcessEngine(EngineFront):
         super().__init__(on_step)
         self.limits = limits
         self._free_blocks = limits.num_total_blocks
+        # Set when the child stopped without being asked to (it died, or its loop failed).
+        self.lost = asyncio.Event()
         self._process = process
         self._conn = conn
         self._loop = asyncio.get_running_loop()
@@ -159,6 +161,7 @@ class ProcessEngine(EngineFront):
             return
         self._closed = True
         self._stop_reading()
+        self.lost.set()
         reason = repr(error) if error is not None else f"exit code {self._process.exitcode}"
         failure = EngineClosedError(f"the engine process failed: {reason}")
         failure.__cause__ = error

@@ -9,6 +9,7 @@ import grpc
 import structlog
 import torch
 
+from engine.async_engine import EngineClosedError
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
 from engine.process_engine import ProcessEngine
 from services.core.config import (
@@ -122,6 +123,13 @@ async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> N
         await asyncio.sleep(interval)
 
 
+async def exit_when_lost(engine: ProcessEngine) -> None:
+    """Ends the worker once its engine process is gone: the worker stops heartbeating,
+    and the scheduler re-queues or fails its runs as those of a lost worker."""
+    await engine.lost.wait()
+    raise EngineClosedError("the engine process is gone")
+
+
 async def drain(core: WorkerCore, seconds: int) -> None:
     """Refuses new runs and gives running ones `seconds` to finish."""
     core.draining = True
@@ -156,7 +164,7 @@ async def main() -> None:
     address = f"{host}:{port}"
     # No outbox relay here: the other services run one, and this process's event loop
     # should stay quick to append each step.
-    background = [appender.run()]
+    background = [appender.run(), exit_when_lost(engine)]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", address)
@@ -171,8 +179,10 @@ async def main() -> None:
             SERVICES,
             background,
             grace=float(settings.drain_seconds),
-            before_stop=lambda: drain(core, settings.drain_seconds),
+            before_stop=lambda: drain(core, 0 if engine.lost.is_set() else settings.drain_seconds),
         )
     finally:
         await engine.shutdown()
         await db.dispose()
+    if engine.lost.is_set():
+        raise SystemExit(1)

@@ -1,0 +1,52 @@
+"""`python -m services.worker` as the launcher runs it: its engine steps in a child
+process, and the worker does not outlive that child."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import grpc
+import psutil
+
+from tollgate.v1 import engine_pb2, engine_pb2_grpc
+
+
+async def test_the_worker_exits_with_an_error_when_its_engine_process_dies(
+    database_url: str, kafka_bootstrap: str, tiny_model_dir: Path
+) -> None:
+    env = {
+        **os.environ,
+        "TOLLGATE_DATABASE_URL": database_url,
+        "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "TOLLGATE_LISTEN": "127.0.0.1:0",
+        "TOLLGATE_MODELS": f"tiny={tiny_model_dir}",
+        "TOLLGATE_KV_BLOCKS": "64",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.worker",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert line.startswith("READY 127.0.0.1:")
+        async with grpc.aio.insecure_channel(line.split()[1]) as channel:
+            status = await engine_pb2_grpc.EngineServiceStub(channel).GetWorkerStatus(
+                engine_pb2.GetWorkerStatusRequest()
+            )
+            assert status.num_total_blocks == status.num_free_blocks == 64
+        children = psutil.Process(process.pid).children()
+        [engine] = [child for child in children if "spawn_main" in " ".join(child.cmdline())]
+        engine.kill()
+        assert await asyncio.wait_for(process.wait(), 30) == 1
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
