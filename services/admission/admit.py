@@ -8,11 +8,11 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.admission.requests import GenerateParams
-from services.core.db import single_statement
+from services.core.db import driver_cursor, single_statement
 from services.core.errors import NotFound, QuotaExceeded
 from services.core.eventstore import Append, append_in, view_from_row
 from services.core.runs import NewEvent, NewRun, RunState, RunView, StoredEvent
-from services.core.schema import runs, tenants
+from services.core.schema import runs
 
 QUOTA_RETRY_SECONDS = 2.0
 
@@ -76,37 +76,36 @@ async def admit(engine: AsyncEngine, admission: Admission) -> Admitted:
 # Counts the tenant's open reservations and inserts this run's when both quotas allow it.
 # A statement of its own after the lock: its snapshot sees every reservation committed
 # by the admissions that held the lock before.
-_RESERVE = sa.text(
-    """
+_RESERVE = """
     WITH open AS (
         SELECT coalesce(sum(num_blocks), 0) AS blocks, count(*) AS runs
-        FROM kv_reservations WHERE tenant_id = :tenant_id AND released_at IS NULL
+        FROM kv_reservations WHERE tenant_id = %(tenant_id)s AND released_at IS NULL
     ), reserved AS (
         INSERT INTO kv_reservations (run_id, tenant_id, num_blocks, reserved_at)
-        SELECT :run_id, :tenant_id, :num_blocks, clock_timestamp() FROM open
-        WHERE (:max_blocks = 0 OR open.blocks + :num_blocks <= :max_blocks)
-          AND (:max_runs = 0 OR open.runs < :max_runs)
+        SELECT %(run_id)s, %(tenant_id)s, %(num_blocks)s, clock_timestamp() FROM open
+        WHERE (%(max_blocks)s = 0 OR open.blocks + %(num_blocks)s <= %(max_blocks)s)
+          AND (%(max_runs)s = 0 OR open.runs < %(max_runs)s)
         RETURNING 1
     )
     SELECT open.blocks, open.runs, EXISTS (SELECT FROM reserved) AS reserved FROM open
-    """
-)
+"""
+
+_LOCK_TENANT = """
+    SELECT max_kv_blocks, max_concurrent_runs, weight FROM tenants
+    WHERE tenant_id = %s FOR UPDATE
+"""
 
 
 async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
     """Reserves the run's KV blocks within the tenant's quotas; returns the tenant's weight."""
-    tenant = (
-        await conn.execute(
-            sa.select(tenants.c.max_kv_blocks, tenants.c.max_concurrent_runs, tenants.c.weight)
-            .where(tenants.c.tenant_id == admission.tenant_id)
-            .with_for_update()
-        )
-    ).first()
-    if tenant is None:
-        raise NotFound(f"tenant {admission.tenant_id} does not exist")
-    max_blocks, max_runs = tenant.max_kv_blocks or 0, tenant.max_concurrent_runs or 0
-    open_blocks, open_runs, reserved = (
-        await conn.execute(
+    async with driver_cursor(conn) as cursor:
+        await cursor.execute(_LOCK_TENANT, (admission.tenant_id,))
+        tenant = await cursor.fetchone()
+        if tenant is None:
+            raise NotFound(f"tenant {admission.tenant_id} does not exist")
+        max_blocks = tenant["max_kv_blocks"] or 0
+        max_runs = tenant["max_concurrent_runs"] or 0
+        await cursor.execute(
             _RESERVE,
             {
                 "tenant_id": admission.tenant_id,
@@ -116,9 +115,11 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
                 "max_runs": max_runs,
             },
         )
-    ).one()
-    if reserved:
-        return int(tenant.weight)
+        reserved = await cursor.fetchone()
+    assert reserved is not None
+    open_blocks, open_runs = reserved["blocks"], reserved["runs"]
+    if reserved["reserved"]:
+        return int(tenant["weight"])
     if max_blocks and open_blocks + admission.num_blocks > max_blocks:
         raise QuotaExceeded(
             f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_blocks}",

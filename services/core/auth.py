@@ -13,12 +13,10 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import single_statement
+from services.core.db import driver_cursor, single_statement
 from services.core.errors import Unauthenticated
-from services.core.schema import api_keys
 
 KEY_PREFIX = "tg_"
 KEY_ID_LENGTH = 16
@@ -74,6 +72,10 @@ def is_admin_token(token: str, admin_token: str) -> bool:
     return bool(admin_token) and hmac.compare_digest(token.encode(), admin_token.encode())
 
 
+# Every call of every client starts here.
+_KEY = "SELECT tenant_id, secret_hash FROM api_keys WHERE key_id = %s AND revoked_at IS NULL"
+
+
 async def authenticate(
     engine: AsyncEngine,
     metadata: Sequence[tuple[str, str | bytes]] | None,
@@ -91,16 +93,11 @@ async def authenticate(
     if parts is None:
         raise Unauthenticated("invalid API key")
     key_id, secret = parts
-    async with single_statement(engine) as conn:
-        row = (
-            await conn.execute(
-                sa.select(api_keys.c.tenant_id, api_keys.c.secret_hash).where(
-                    api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None)
-                )
-            )
-        ).first()
+    async with single_statement(engine) as conn, driver_cursor(conn) as cursor:
+        await cursor.execute(_KEY, (key_id,))
+        row = await cursor.fetchone()
     # Compare even when the key is unknown, so timing does not tell which part was wrong.
-    expected = row.secret_hash if row else hash_secret(secrets.token_hex(8))
+    expected = row["secret_hash"] if row else hash_secret(secrets.token_hex(8))
     if not hmac.compare_digest(hash_secret(secret), expected) or row is None:
         raise Unauthenticated("invalid API key")
-    return Principal(tenant_id=row.tenant_id)
+    return Principal(tenant_id=row["tenant_id"])

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
-import sqlalchemy as sa
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.core.codec import kind_of
+from services.core.db import driver_cursor
 from services.core.relay import RUN_EVENTS_TOPIC
 from services.core.runs import RunState
 from tollgate.v1 import events_pb2
@@ -28,15 +28,13 @@ Handler = Callable[[AsyncConnection, events_pb2.RunEvent], Awaitable[None]]
 
 # One statement per batch, whatever its size; a row that exists already is not
 # returned, and neither is a repeat of a key within the batch.
-_TRACK = sa.text(
-    """
+_TRACK = """
     INSERT INTO consumer_tracking (consumer, run_id, seq)
-    SELECT :consumer, t.run_id, t.seq
-    FROM unnest(CAST(:run_ids AS text[]), CAST(:seqs AS bigint[])) AS t(run_id, seq)
+    SELECT %(consumer)s, t.run_id, t.seq
+    FROM unnest(%(run_ids)s::text[], %(seqs)s::bigint[]) AS t(run_id, seq)
     ON CONFLICT DO NOTHING
     RETURNING run_id, seq
-    """
-)
+"""
 
 
 class TrackingConsumer:
@@ -123,15 +121,16 @@ class TrackingConsumer:
         self, conn: AsyncConnection, events: Sequence[events_pb2.RunEvent]
     ) -> set[tuple[str, int]]:
         """Writes the batch's tracking rows; returns the (run_id, seq) not applied before."""
-        inserted = await conn.execute(
-            _TRACK,
-            {
-                "consumer": self.name,
-                "run_ids": [event.run_id for event in events],
-                "seqs": [event.seq for event in events],
-            },
-        )
-        return {(row.run_id, row.seq) for row in inserted}
+        async with driver_cursor(conn) as cursor:
+            await cursor.execute(
+                _TRACK,
+                {
+                    "consumer": self.name,
+                    "run_ids": [event.run_id for event in events],
+                    "seqs": [event.seq for event in events],
+                },
+            )
+            return {(row["run_id"], row["seq"]) for row in await cursor.fetchall()}
 
     async def commit_offsets(
         self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]

@@ -23,11 +23,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from psycopg import AsyncCursor
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.core.db import EVENTS_CHANNEL, single_statement
+from services.core.db import EVENTS_CHANNEL, driver_cursor, single_statement
 from services.core.runs import (
     EventStoreError,
     NewEvent,
@@ -98,11 +97,7 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
         raise ValueError("an append needs at least one event")
     if len({append.run_id for append in appends}) != len(appends):
         raise ValueError("one append per run")
-    # The append is the hot path of every run: plain SQL on the driver connection
-    # costs a fraction of the CPU of building statements, in the same transaction.
-    driver = (await conn.get_raw_connection()).driver_connection
-    assert driver is not None
-    async with driver.cursor(row_factory=dict_row) as cursor:
+    async with driver_cursor(conn) as cursor:
         views = {}
         for append in appends:
             if append.expected_seq == 0:

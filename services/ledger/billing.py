@@ -50,17 +50,18 @@ async def bill_run(conn: AsyncConnection, run_id: str, prices: PriceTable) -> Bi
     projection, release of its KV reservation, and the `billed` event.
     Returns None for a run that is unknown, already billed or not terminal.
     """
-    view = await repository.lock_run(conn, run_id)
-    if view is None:
+    locked = await repository.lock_run(conn, run_id)
+    if locked is None:
         log.warning("cannot bill an unknown run", run_id=run_id)
         return None
+    view, traceparent = locked
     if view.state == RunState.BILLED:
         log.debug("run already billed", run_id=run_id)
         return None
     if not is_terminal(view.state):
         log.warning("cannot bill a run that has not ended", run_id=run_id, state=view.state)
         return None
-    parent = context_from_traceparent(await repository.traceparent_of(conn, run_id, view.last_seq))
+    parent = context_from_traceparent(traceparent)
     with get_tracer().start_as_current_span("tollgate.ledger.bill", context=parent) as span:
         span.set_attribute("tollgate.run_id", run_id)
         return await _bill(conn, view, prices)
@@ -68,11 +69,9 @@ async def bill_run(conn: AsyncConnection, run_id: str, prices: PriceTable) -> Bi
 
 async def _bill(conn: AsyncConnection, view: RunView, prices: PriceTable) -> Bill:
     run = billable(view)
-    await repository.insert_entries(conn, price_run(run, prices))
-    # Read back rather than trust what was inserted: the stored rows carry their
-    # timestamps, and the `billed` event must describe exactly what the ledger holds.
-    entries = await repository.entries_for_key(conn, run.tenant_id, run.idempotency_key)
-    num_released = await repository.release_reservation(conn, run.run_id)
+    # What the ledger holds after the insert, not what was meant to be inserted: the
+    # stored rows carry their timestamps, and `billed` must describe exactly those.
+    entries, num_released = await repository.write_bill(conn, run, price_run(run, prices))
     payload = billed_payload(entries, prices.currency)
     [billed] = await append_in(
         conn,

@@ -5,83 +5,95 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.core.db import driver_cursor
 from services.core.eventstore import view_from_row
 from services.core.runs import TERMINAL_STATES, RunState, RunView
 from services.core.schema import kv_reservations, ledger_entries, run_events, runs
-from services.ledger.pricing import BILLING_TYPES, LedgerEntry
+from services.ledger.pricing import BILLING_TYPES, BillableRun, LedgerEntry
 
 _TERMINAL = sorted(str(state) for state in TERMINAL_STATES)
 # Far more than a healthy system ever reports; keeps one reply bounded.
 MAX_REPORTED_RUNS = 1000
 
 
-async def lock_run(conn: AsyncConnection, run_id: str) -> RunView | None:
-    """The run's projection row, locked until the transaction ends."""
-    row = (
-        await conn.execute(sa.select(runs).where(runs.c.run_id == run_id).with_for_update())
-    ).first()
-    return view_from_row(cast(Mapping[str, Any], row._mapping)) if row else None
+_LOCK_RUN = """
+    SELECT runs.*, (
+        SELECT traceparent FROM run_events
+        WHERE run_events.run_id = runs.run_id AND run_events.seq = runs.last_seq
+    ) AS last_traceparent
+    FROM runs WHERE run_id = %s
+    FOR UPDATE OF runs
+"""
 
 
-async def traceparent_of(conn: AsyncConnection, run_id: str, seq: int) -> str:
-    """The trace context the event at `seq` was appended under ("" if none)."""
-    value = await conn.scalar(
-        sa.select(run_events.c.traceparent).where(
-            run_events.c.run_id == run_id, run_events.c.seq == seq
-        )
+async def lock_run(conn: AsyncConnection, run_id: str) -> tuple[RunView, str] | None:
+    """The run's projection row, locked until the transaction ends, and the trace
+    context its last event was appended under ("" if none)."""
+    async with driver_cursor(conn) as cursor:
+        await cursor.execute(_LOCK_RUN, (run_id,))
+        row = await cursor.fetchone()
+    return (view_from_row(row), row["last_traceparent"] or "") if row else None
+
+
+# One statement: the run's entries (a repeat of a key already there is left alone), the
+# release of its reservation if still held, and every entry the ledger then holds for the
+# key (the inserted rows and any there before: one snapshot sees only the latter).
+_WRITE_BILL = """
+    WITH inserted AS (
+        INSERT INTO ledger_entries (entry_id, tenant_id, run_id, idempotency_key, billing_type,
+                                    model, quantity, unit_price_micros, amount_micros, currency)
+        SELECT * FROM unnest(%(entry_ids)s::text[], %(tenant_ids)s::text[], %(run_ids)s::text[],
+                             %(keys)s::text[], %(billing_types)s::text[], %(models)s::text[],
+                             %(quantities)s::bigint[], %(unit_prices)s::bigint[],
+                             %(amounts)s::bigint[], %(currencies)s::text[])
+        ON CONFLICT DO NOTHING
+        RETURNING *
+    ), released AS (
+        UPDATE kv_reservations SET released_at = now()
+        WHERE run_id = %(run_id)s AND released_at IS NULL
+        RETURNING 1
+    ), held AS (
+        SELECT * FROM inserted
+        UNION ALL
+        SELECT * FROM ledger_entries WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(key)s
     )
-    return str(value or "")
+    SELECT (SELECT count(*) FROM released) AS num_released, held.*
+    FROM (SELECT) AS one LEFT JOIN held ON true
+    ORDER BY held.created_at, held.entry_id
+"""
 
 
-async def insert_entries(conn: AsyncConnection, entries: Sequence[LedgerEntry]) -> None:
-    rows = [
-        {
-            "entry_id": e.entry_id,
-            "tenant_id": e.tenant_id,
-            "run_id": e.run_id,
-            "idempotency_key": e.idempotency_key,
-            "billing_type": e.billing_type,
-            "model": e.model,
-            "quantity": e.quantity,
-            "unit_price_micros": e.unit_price_micros,
-            "amount_micros": e.amount_micros,
-            "currency": e.currency,
-        }
-        for e in entries
-    ]
-    # One statement whatever the number of entries (compiled once), `created_at` from
-    # the column's default.
-    await conn.execute(pg_insert(ledger_entries).on_conflict_do_nothing(), rows)
-
-
-async def entries_for_key(
-    conn: AsyncConnection, tenant_id: str, idempotency_key: str
-) -> list[LedgerEntry]:
-    query = (
-        sa.select(ledger_entries)
-        .where(
-            ledger_entries.c.tenant_id == tenant_id,
-            ledger_entries.c.idempotency_key == idempotency_key,
-        )
-        .order_by(ledger_entries.c.created_at, ledger_entries.c.entry_id)
-    )
-    return [entry_from_row(row._mapping) for row in await conn.execute(query)]
-
-
-async def release_reservation(conn: AsyncConnection, run_id: str) -> int:
-    """Releases the run's KV reservation if still held; returns how many rows changed."""
-    result = await conn.execute(
-        kv_reservations.update()
-        .where(kv_reservations.c.run_id == run_id, kv_reservations.c.released_at.is_(None))
-        .values(released_at=sa.func.now())
-    )
-    return int(result.rowcount or 0)
+async def write_bill(
+    conn: AsyncConnection, run: BillableRun, entries: Sequence[LedgerEntry]
+) -> tuple[list[LedgerEntry], int]:
+    """Inserts `entries` and releases the run's KV reservation if still held; returns the
+    entries the ledger holds for the run's key, as stored, and how many reservations
+    were released (0 or 1)."""
+    params = {
+        "entry_ids": [e.entry_id for e in entries],
+        "tenant_ids": [e.tenant_id for e in entries],
+        "run_ids": [e.run_id for e in entries],
+        "keys": [e.idempotency_key for e in entries],
+        "billing_types": [e.billing_type for e in entries],
+        "models": [e.model for e in entries],
+        "quantities": [e.quantity for e in entries],
+        "unit_prices": [e.unit_price_micros for e in entries],
+        "amounts": [e.amount_micros for e in entries],
+        "currencies": [e.currency for e in entries],
+        "run_id": run.run_id,
+        "tenant_id": run.tenant_id,
+        "key": run.idempotency_key,
+    }
+    async with driver_cursor(conn) as cursor:
+        await cursor.execute(_WRITE_BILL, params)
+        rows = await cursor.fetchall()
+    held = [entry_from_row(row) for row in rows if row["entry_id"] is not None]
+    return held, int(rows[0]["num_released"])
 
 
 def _overdue(grace_seconds: float) -> sa.ColumnElement[bool]:

@@ -7,12 +7,20 @@ from collections.abc import Collection
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import single_statement
+from services.core.db import driver_cursor, single_statement
 from services.core.runs import RunState
 from services.core.schema import run_events, runs, tenants
 from services.scheduler.records import QueuedRun, RunStatus, queued_run
 
 ACTIVE_STATES = (str(RunState.PREFILL), str(RunState.STREAMING))
+
+
+# A lease for a run still queued at the seq the scheduler knows; the run's row as it is after.
+_LEASE_IF_QUEUED = """
+    UPDATE runs SET lease_epoch = lease_epoch + 1, owner = %s
+    WHERE run_id = %s AND state = %s AND last_seq = %s
+    RETURNING lease_epoch, last_seq
+"""
 
 
 class SchedulerRepository:
@@ -92,19 +100,10 @@ class SchedulerRepository:
         The guard keeps a run that ended meanwhile (a cancel) from being handed out, and
         one queued again since (its worker was lost) from going out with stale details.
         """
-        query = (
-            runs.update()
-            .where(
-                runs.c.run_id == run_id,
-                runs.c.state == str(RunState.QUEUED),
-                runs.c.last_seq == last_seq,
-            )
-            .values(lease_epoch=runs.c.lease_epoch + 1, owner=owner)
-            .returning(runs.c.lease_epoch, runs.c.last_seq)
-        )
-        async with single_statement(self.engine) as conn:
-            row = (await conn.execute(query)).first()
-        return (int(row.lease_epoch), int(row.last_seq)) if row else None
+        async with single_statement(self.engine) as conn, driver_cursor(conn) as cursor:
+            await cursor.execute(_LEASE_IF_QUEUED, (owner, run_id, str(RunState.QUEUED), last_seq))
+            row = await cursor.fetchone()
+        return (int(row["lease_epoch"]), int(row["last_seq"])) if row else None
 
     async def statuses(self, run_ids: Collection[str]) -> dict[str, RunStatus]:
         if not run_ids:
