@@ -1,7 +1,9 @@
 """What the scheduler knows about runs: queued, being dispatched, assigned.
 
 Every run id is in at most one of the queue, the dispatching set and the
-assignments; `knows` is the dedupe check for intake.  Only the event loop
+assignments; `knows` is the dedupe check for intake.  It also remembers the
+runs that ended most recently: their `queued` event often reaches the
+scheduler through Kafka after their end, and is then dropped without a query.  Only the event loop
 touches this state, so a check and the change it guards need no lock as long
 as no `await` separates them.
 """
@@ -26,8 +28,17 @@ class QueueStats:
     num_free_blocks: int
 
 
+# Ended runs remembered: far more than end between a run's `queued` event and its delivery.
+MAX_REMEMBERED_ENDED = 10_000
+
+
 class SchedulerState:
-    def __init__(self, registry: WorkerRegistry, max_skip_age: float = 30.0) -> None:
+    def __init__(
+        self,
+        registry: WorkerRegistry,
+        max_skip_age: float = 30.0,
+        max_remembered_ended: int = MAX_REMEMBERED_ENDED,
+    ) -> None:
         self.registry = registry
         self.queue = FairQueue(max_skip_age)
         self.queued: dict[str, QueuedRun] = {}
@@ -36,6 +47,9 @@ class SchedulerState:
         self.dispatching: dict[str, asyncio.Event] = {}
         # Runs the scheduler is ending or re-queueing itself (cancel, lost worker).
         self.settling: set[str] = set()
+        # Runs seen to end, oldest first (a dict as an ordered set); an end is final.
+        self.ended: dict[str, None] = {}
+        self.max_remembered_ended = max_remembered_ended
         # Set whenever dispatch may find something new to do.
         self.wake = asyncio.Event()
 
@@ -45,6 +59,7 @@ class SchedulerState:
             or run_id in self.assignments
             or run_id in self.dispatching
             or run_id in self.settling
+            or run_id in self.ended
         )
 
     def enqueue(self, run: QueuedRun) -> bool:
@@ -106,6 +121,9 @@ class SchedulerState:
             self.wake.set()
         if lease_epoch is None:
             self.dequeue(run_id)
+            self.ended[run_id] = None
+            if len(self.ended) > self.max_remembered_ended:
+                del self.ended[next(iter(self.ended))]
 
     def assignments_of(self, worker_id: str) -> list[Assignment]:
         return [a for a in self.assignments.values() if a.worker_id == worker_id]
