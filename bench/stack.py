@@ -6,7 +6,8 @@ Generates a small random Llama, then runs one workload twice: N concurrent
 greedy requests of M output tokens each (EOS ignored, so both sides produce
 exactly N*M tokens) over a fixed, seeded prompt set; with R rounds, R such waves
 one after another, each with prompts of its own. First in-process through
-`AsyncEngine`, which is then shut down; then through the four service processes
+`ProcessEngine` (the engine front the worker uses, its steps in a child process),
+which is then shut down; then through the four service processes
 (`tollgate up`'s launcher, with its own PostgreSQL and broker, or those named by
 TOLLGATE_DATABASE_URL / TOLLGATE_KAFKA_BOOTSTRAP) with the same EngineConfig,
 streamed by `tollgate.AsyncClient`. Both sides share this machine's cores with
@@ -42,9 +43,8 @@ from typing import Any
 
 import structlog
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.process_engine import ProcessEngine
 from engine.sampling import SamplingParams
 from engine.tiny import init_tiny_model
 from engine.tokenizer import Tokenizer
@@ -167,7 +167,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 
 async def inprocess_request(
-    engine: AsyncEngine, request_id: str, prompt_ids: list[int], max_tokens: int
+    engine: ProcessEngine, request_id: str, prompt_ids: list[int], max_tokens: int
 ) -> RequestTiming:
     timing = RequestTiming(time.perf_counter())
     stream = engine.add_request(
@@ -183,7 +183,7 @@ async def inprocess_request(
 
 
 async def run_inprocess(model_dir: Path, work: Workload, config: EngineConfig) -> SideResult:
-    engine = AsyncEngine(await asyncio.to_thread(LLMEngine.from_model_dir, model_dir, config))
+    engine = await ProcessEngine.start(model_dir, config)
     try:
         await inprocess_request(engine, "warmup", work.prompt_ids[0][:8], WARMUP_TOKENS)
         rounds = [
