@@ -3,12 +3,12 @@
 import asyncio
 import os
 import signal
-import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.core.eventstore import EventStore
+from tests.services.processes import service_process
 from tests.services.scheduler.helpers import queue_run, wait_for
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -27,19 +27,7 @@ async def test_the_process_announces_itself_dispatches_and_stops_on_sigterm(
         "TOLLGATE_SCHEDULER_RESCAN": "0.3",
         "TOLLGATE_HEARTBEAT_INTERVAL": "0.2",
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.scheduler",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        assert line.startswith("READY 127.0.0.1:")
-        address = line.split()[1]
+    async with service_process("scheduler", env) as (process, address):
         async with grpc.aio.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             reply = await health.Check(
@@ -54,8 +42,5 @@ async def test_the_process_announces_itself_dispatches_and_stops_on_sigterm(
 
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert process.stdout is not None
         assert await process.stdout.read() == b""  # READY is the only line
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from pathlib import Path
 
 import grpc
 import psutil
 
+from tests.services.processes import service_process
 from tollgate.v1 import engine_pb2, engine_pb2_grpc
 
 
@@ -25,19 +25,8 @@ async def test_the_worker_exits_with_an_error_when_its_engine_process_dies(
         "TOLLGATE_MODELS": f"tiny={tiny_model_dir}",
         "TOLLGATE_KV_BLOCKS": "64",
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.worker",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-        assert line.startswith("READY 127.0.0.1:")
-        async with grpc.aio.insecure_channel(line.split()[1]) as channel:
+    async with service_process("worker", env) as (process, address):
+        async with grpc.aio.insecure_channel(address) as channel:
             status = await engine_pb2_grpc.EngineServiceStub(channel).GetWorkerStatus(
                 engine_pb2.GetWorkerStatusRequest()
             )
@@ -46,7 +35,3 @@ async def test_the_worker_exits_with_an_error_when_its_engine_process_dies(
         [engine] = [child for child in children if "spawn_main" in " ".join(child.cmdline())]
         engine.kill()
         assert await asyncio.wait_for(process.wait(), 30) == 1
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
