@@ -19,6 +19,9 @@ output tokens (the first `streaming` event through the stack). Throughput is
 all output tokens over the time from the first submit to the last request
 finishing (`completed`, not `billed`), summed over rounds; the time to `billed`
 is reported apart.
+Each side also reports the CPU seconds its processes spent (by role: engine,
+each service, postgres, broker, the bench itself) from its first submit to its
+last request ending, against what the machine's cores offered over that time.
 The last line is one JSON object of the figures.
 """
 
@@ -43,6 +46,7 @@ from typing import Any
 
 import structlog
 
+from bench.cpu import CpuWindow
 from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
 from engine.sampling import SamplingParams
@@ -102,6 +106,7 @@ class RequestTiming:
 class SideResult:
     name: str
     rounds: list[list[RequestTiming]]
+    cpu: CpuWindow
 
     @property
     def timings(self) -> list[RequestTiming]:
@@ -186,20 +191,23 @@ async def run_inprocess(model_dir: Path, work: Workload, config: EngineConfig) -
     engine = await ProcessEngine.start(model_dir, config)
     try:
         await inprocess_request(engine, "warmup", work.prompt_ids[0][:8], WARMUP_TOKENS)
-        rounds = [
-            list(
-                await asyncio.gather(
-                    *(
-                        inprocess_request(engine, f"req-{i}", work.prompt_ids[i], work.max_tokens)
-                        for i in wave
+        with CpuWindow() as cpu:
+            rounds = [
+                list(
+                    await asyncio.gather(
+                        *(
+                            inprocess_request(
+                                engine, f"req-{i}", work.prompt_ids[i], work.max_tokens
+                            )
+                            for i in wave
+                        )
                     )
                 )
-            )
-            for wave in work.waves()
-        ]
+                for wave in work.waves()
+            ]
     finally:
         await engine.shutdown()
-    return SideResult("in-process", rounds)
+    return SideResult("in-process", rounds, cpu)
 
 
 async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> RequestTiming:
@@ -242,15 +250,16 @@ async def warm_up(client: AsyncClient, prompt: str) -> None:
 async def run_stack(gateway: str, api_key: str, work: Workload) -> SideResult:
     async with AsyncClient(gateway, api_key) as client:
         await warm_up(client, work.prompts[0][:24])
-        rounds = [
-            list(
-                await asyncio.gather(
-                    *(stack_request(client, work.prompts[i], work.max_tokens) for i in wave)
+        with CpuWindow() as cpu:
+            rounds = [
+                list(
+                    await asyncio.gather(
+                        *(stack_request(client, work.prompts[i], work.max_tokens) for i in wave)
+                    )
                 )
-            )
-            for wave in work.waves()
-        ]
-    return SideResult("stack", rounds)
+                for wave in work.waves()
+            ]
+    return SideResult("stack", rounds, cpu)
 
 
 WARMUP_ATTEMPTS = 10
@@ -325,6 +334,8 @@ def report(
         f"added TTFT p50 {added_p50:.1f} ms (target <= {ADDED_TTFT_P50_TARGET_MS:.0f}), "
         f"p99 {added_p99:.1f} ms"
     )
+    for side in (local, stack):
+        print(f"CPU seconds, {side.name}: {side.cpu.describe()}")
     same = sum(
         a.token_ids == b.token_ids for a, b in zip(local.timings, stack.timings, strict=True)
     )
@@ -348,6 +359,11 @@ def report(
         "stack_billed_p50_ms": round(stack.billed_ms(0.5), 2),
         "stack_billed_p99_ms": round(stack.billed_ms(0.99), 2),
         "identical_outputs": same,
+        "num_cores": stack.cpu.num_cores,
+        "inprocess_cpu_s": local.cpu.rounded(),
+        "stack_cpu_s": stack.cpu.rounded(),
+        "inprocess_cpu_busy": round(local.cpu.busy_fraction, 3),
+        "stack_cpu_busy": round(stack.cpu.busy_fraction, 3),
         "meets_throughput_target": ratio >= THROUGHPUT_TARGET,
         "meets_ttft_target": added_p50 <= ADDED_TTFT_P50_TARGET_MS,
     }
