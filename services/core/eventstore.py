@@ -173,25 +173,14 @@ async def _lock_runs(
 _UPDATE_RUNS = """
     UPDATE runs SET state = v.state, last_seq = v.last_seq, usage = v.usage::jsonb,
                     finish_reason = v.finish_reason, updated_at = clock_timestamp()
-    FROM unnest(%(run_ids)s::text[], %(states)s::text[], %(last_seqs)s::bigint[],
-                %(usages)s::text[], %(finish_reasons)s::text[])
-         AS v(run_id, state, last_seq, usage, finish_reason)
+    FROM json_to_recordset(%(rows)s::json)
+         AS v(run_id text, state text, last_seq bigint, usage json, finish_reason text)
     WHERE runs.run_id = v.run_id
 """
 
 
 async def _update_runs(cursor: AsyncCursor[dict[str, Any]], views: Sequence[RunView]) -> None:
-    rows = [_projection(view) for view in views]
-    await cursor.execute(
-        _UPDATE_RUNS,
-        {
-            "run_ids": [row["run_id"] for row in rows],
-            "states": [row["state"] for row in rows],
-            "last_seqs": [row["last_seq"] for row in rows],
-            "usages": [json.dumps(row["usage"]) for row in rows],
-            "finish_reasons": [row["finish_reason"] for row in rows],
-        },
-    )
+    await cursor.execute(_UPDATE_RUNS, {"rows": json.dumps([_projection(view) for view in views])})
 
 
 def _projection(view: RunView) -> dict[str, Any]:
@@ -214,9 +203,9 @@ _INSERT_EVENTS = """
     WITH ev AS (
         INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
         SELECT t.run_id, t.seq, t.kind, t.tenant_id, t.payload::json, t.traceparent
-        FROM unnest(%(run_ids)s::text[], %(seqs)s::bigint[], %(kinds)s::text[],
-                    %(tenant_ids)s::text[], %(payloads)s::text[], %(traceparents)s::text[])
-             AS t(run_id, seq, kind, tenant_id, payload, traceparent)
+        FROM json_to_recordset(%(rows)s::json)
+             AS t(run_id text, seq bigint, kind text, tenant_id text, payload text,
+                  traceparent text)
         RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
     ), ob AS (
         INSERT INTO outbox (run_id, seq) SELECT run_id, seq FROM ev ORDER BY run_id, seq
@@ -243,21 +232,16 @@ async def _insert_events(
 ) -> list[StoredEvent]:
     """The appended events, in the order of `appends` and then of seq."""
     rows = [
-        (view.run_id, append.expected_seq + n, str(event.kind), view.tenant_id,
-         json.dumps(dict(event.payload)), append.traceparent)
+        {"run_id": view.run_id, "seq": append.expected_seq + n, "kind": str(event.kind),
+         "tenant_id": view.tenant_id, "payload": json.dumps(dict(event.payload)),
+         "traceparent": append.traceparent}
         for view, append in appends
         for n, event in enumerate(append.events, start=1)
     ]  # fmt: skip
-    run_ids, seqs, kinds, tenant_ids, payloads, traceparents = map(list, zip(*rows, strict=True))
     await cursor.execute(
         _INSERT_EVENTS,
         {
-            "run_ids": run_ids,
-            "seqs": seqs,
-            "kinds": kinds,
-            "tenant_ids": tenant_ids,
-            "payloads": payloads,
-            "traceparents": traceparents,
+            "rows": json.dumps(rows),
             "channel": EVENTS_CHANNEL,
             "notice_max": NOTICE_MAX_BYTES,
         },
