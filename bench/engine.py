@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from bench import hf
+from bench.report import progress
 from bench.timing import TokenTimes, matmul_peak_flops
-from bench.workload import Workload, decode_flops, make_model, make_workload, progress
+from bench.workload import Workload, decode_flops, make_model, make_workload
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling import SamplingParams

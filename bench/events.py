@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from bench.report import logs_to_stderr, percentile, progress
 from services.core.consumer import TrackingConsumer
 from services.core.db import create_engine
 from services.core.eventstore import EventStore
@@ -47,16 +48,8 @@ class PhaseResult:
     def events_per_second(self) -> float:
         return self.events / self.seconds
 
-    def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
 
 DRAIN_TIMEOUT_S = 300.0
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 async def write_runs(
@@ -161,7 +154,7 @@ def report(results: list[PhaseResult]) -> dict[str, float]:
     print(f"{'appends':<10}{'events':>8}{'events/s':>12}{'p50 ms':>10}{'p99 ms':>10}")
     figures: dict[str, float] = {}
     for r in results:
-        p50, p99 = r.percentile(0.5), r.percentile(0.99)
+        p50, p99 = percentile(r.latencies_ms, 50), percentile(r.latencies_ms, 99)
         print(f"{r.name:<10}{r.events:>8}{r.events_per_second:>12,.0f}{p50:>10.1f}{p99:>10.1f}")
         figures[f"{r.name}_events_per_second"] = round(r.events_per_second, 1)
         figures[f"{r.name}_latency_p50_ms"] = round(p50, 2)
@@ -182,6 +175,7 @@ def main() -> int:
     parser.add_argument("--writers", type=int, default=8, help="concurrent appenders")
     parser.add_argument("--batch", type=int, default=16, help="events per append, batched phase")
     args = parser.parse_args()
+    logs_to_stderr()
     with tempfile.TemporaryDirectory(prefix="tollgate-bench-") as tmp:
         with LocalInfra(Path(tmp)) as endpoints:
             results = asyncio.run(bench(args, endpoints.database_url, endpoints.kafka_bootstrap))

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.engine import serve
-from bench.workload import Workload, make_model, make_workload, progress
+from bench.report import progress
+from bench.workload import Workload, make_model, make_workload
 from engine.batch_inputs import build_inputs
 from engine.batcher import ScheduledChunk, StepPlan
 from engine.config import EngineConfig

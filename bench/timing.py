@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bench.report import percentile
+
 
 @dataclass(slots=True)
 class TokenTimes:
@@ -36,17 +38,6 @@ class TokenTimes:
             "itl_p99_ms": round(1e3 * percentile(itls, 99), 1),
             **self.extra,
         }
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as numpy's default; 0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:

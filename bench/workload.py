@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +78,3 @@ def decode_flops(cfg: ModelConfig, num_tokens: int, context_sum: int) -> float:
     2 per weight, plus q.k and p.v over the context for every head of every layer."""
     attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context_sum
     return 2.0 * linear_params(cfg) * num_tokens + attention
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

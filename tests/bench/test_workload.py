@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.timing import TokenTimes, percentile
+from bench.report import percentile
+from bench.timing import TokenTimes
 from bench.workload import FIRST_ORDINARY_ID, decode_flops, linear_params, make_workload
 from engine.layers.linear import Linear
 from engine.loader import load_model, load_model_config

@@ -1,0 +1,255 @@
+"""The two sides `bench.stack` compares: a workload's requests sent to `ProcessEngine`
+in this process, and the same requests streamed through the four services."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.cpu import CpuWindow
+from bench.report import percentile, progress
+from engine.config import EngineConfig
+from engine.process_engine import ProcessEngine
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+from services.core.infra import LocalInfra
+from services.stack.launcher import Services, StackConfig
+from tollgate import AdminClient, AsyncClient
+
+MODEL_NAME = "bench"
+WARMUP_TOKENS = 4
+WARMUP_ATTEMPTS = 10
+WARM_TTFT_S = 0.5
+_WORDS = (
+    "the gate toll token model run tenant cache block stream queue ledger worker "
+    "scheduler admission prefill decode batch lease epoch event billed kafka"
+).split()
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """`rounds` waves of `concurrency` requests, each wave with prompts of its own."""
+
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    max_tokens: int
+    concurrency: int
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.prompts) * self.max_tokens
+
+    def waves(self) -> list[range]:
+        """The request indexes of each round, in order."""
+        return [
+            range(start, start + self.concurrency)
+            for start in range(0, len(self.prompts), self.concurrency)
+        ]
+
+
+def make_workload(
+    tokenizer: Tokenizer, requests: int, words: int, max_tokens: int, seed: int, rounds: int = 1
+) -> Workload:
+    """Seeded prompts, tokenized as admission tokenizes a plain prompt.
+
+    Every request has a prompt of its own, so no round is served from the prefix
+    cache of an earlier one.
+    """
+    rng = random.Random(seed)
+    prompts = [
+        f"request {i}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
+        for i in range(requests * rounds)
+    ]
+    return Workload(prompts, [tokenizer.encode(p) for p in prompts], max_tokens, requests)
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    submitted: float
+    first_token: float = 0.0
+    finished: float = 0.0
+    billed: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.first_token - self.submitted) * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SideResult:
+    name: str
+    rounds: list[list[RequestTiming]]
+    cpu: CpuWindow
+
+    @property
+    def timings(self) -> list[RequestTiming]:
+        return [timing for wave in self.rounds for timing in wave]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(t.token_ids) for t in self.timings)
+
+    @property
+    def seconds(self) -> float:
+        """Each round from its first submit to its last request finishing, summed."""
+        return sum(
+            max(t.finished for t in wave) - min(t.submitted for t in wave) for wave in self.rounds
+        )
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.output_tokens / self.seconds
+
+    def ttft_ms(self, q: float) -> float:
+        return percentile([t.ttft_ms for t in self.timings], q)
+
+    def billed_ms(self, q: float) -> float:
+        return percentile([(t.billed - t.submitted) * 1000 for t in self.timings], q)
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+async def inprocess_request(
+    engine: ProcessEngine, request_id: str, prompt_ids: list[int], max_tokens: int
+) -> RequestTiming:
+    timing = RequestTiming(time.perf_counter())
+    stream = engine.add_request(
+        request_id, prompt_ids, greedy(max_tokens), cache_namespace=MODEL_NAME
+    )
+    async for output in stream:
+        if output.new_token_ids and not timing.token_ids:
+            timing.first_token = time.perf_counter()
+        timing.token_ids.extend(output.new_token_ids)
+        if output.finished:
+            timing.finished = timing.billed = time.perf_counter()
+    return timing
+
+
+async def run_inprocess(model_dir: Path, work: Workload, config: EngineConfig) -> SideResult:
+    engine = await ProcessEngine.start(model_dir, config)
+    try:
+        await inprocess_request(engine, "warmup", work.prompt_ids[0][:8], WARMUP_TOKENS)
+        with CpuWindow() as cpu:
+            rounds = [
+                list(
+                    await asyncio.gather(
+                        *(
+                            inprocess_request(
+                                engine, f"req-{i}", work.prompt_ids[i], work.max_tokens
+                            )
+                            for i in wave
+                        )
+                    )
+                )
+                for wave in work.waves()
+            ]
+    finally:
+        await engine.shutdown()
+    return SideResult("in-process", rounds, cpu)
+
+
+async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> RequestTiming:
+    timing = RequestTiming(time.perf_counter())
+    stream = client.generate(
+        prompt, model=MODEL_NAME, max_tokens=max_tokens, temperature=0, ignore_eos=True
+    )
+    async with stream:
+        async for event in stream:
+            if event.kind == "streaming" and event.token_ids and not timing.token_ids:
+                timing.first_token = time.perf_counter()
+            timing.token_ids.extend(event.token_ids if event.kind == "streaming" else ())
+            if event.kind == "completed":
+                timing.finished = time.perf_counter()
+            elif event.kind == "billed":
+                timing.billed = time.perf_counter()
+            elif event.kind in ("failed", "cancelled"):
+                raise RuntimeError(f"run {event.run_id} ended {event.kind}: {event!r}")
+    if not timing.billed:
+        raise RuntimeError(f"run {stream.run_id} stream ended at state {stream.state}")
+    return timing
+
+
+async def warm_up(client: AsyncClient, prompt: str) -> None:
+    """Runs small requests until the stack is steady.
+
+    Right after start-up the scheduler's Kafka consumer is still joining its group,
+    so new runs wait for the scheduler's periodic rescan instead of the Kafka
+    trigger; that is start-up cost, not the steady state this bench measures.
+    """
+    for attempt in range(WARMUP_ATTEMPTS):
+        timing = await stack_request(client, prompt, WARMUP_TOKENS)
+        ttft = timing.first_token - timing.submitted if timing.first_token else float("inf")
+        progress(f"warm-up {attempt + 1}: TTFT {ttft * 1000:.0f} ms")
+        if ttft < WARM_TTFT_S:
+            return
+        await asyncio.sleep(1.0)
+
+
+async def run_stack(gateway: str, api_key: str, work: Workload) -> SideResult:
+    async with AsyncClient(gateway, api_key) as client:
+        await warm_up(client, work.prompts[0][:24])
+        with CpuWindow() as cpu:
+            rounds = [
+                list(
+                    await asyncio.gather(
+                        *(stack_request(client, work.prompts[i], work.max_tokens) for i in wave)
+                    )
+                )
+                for wave in work.waves()
+            ]
+    return SideResult("stack", rounds, cpu)
+
+
+def tenant_key(admission: str, admin_token: str) -> str:
+    with AdminClient(admission, admin_token) as admin:
+        tenant = admin.create_tenant(f"bench-stack-{uuid.uuid4().hex[:8]}")
+        return admin.create_api_key(tenant.tenant_id).secret
+
+
+@contextmanager
+def running_stack(
+    scratch: Path, model_dir: Path, args: argparse.Namespace, log_dir: Path
+) -> Iterator[tuple[str, str]]:
+    """Infra and the four services; yields the gateway address and a tenant's key.
+
+    Everything started here is stopped on the way out, whatever ends the run.
+    """
+    topic = f"bench-stack-{uuid.uuid4().hex[:8]}"
+    admin_token = secrets.token_urlsafe(24)
+    with LocalInfra(scratch / "infra", topics=[topic]) as endpoints:
+        config = StackConfig(
+            database_url=endpoints.database_url,
+            kafka_bootstrap=endpoints.kafka_bootstrap,
+            model_name=MODEL_NAME,
+            model_dir=model_dir,
+            admin_token=admin_token,
+            topic=topic,
+            num_kv_blocks=args.kv_blocks,
+            extra_env={
+                "TOLLGATE_BLOCK_SIZE": str(args.block_size),
+                "TOLLGATE_MAX_BATCHED_TOKENS": str(args.max_batched_tokens),
+            },
+        )
+        services = Services(config, log_dir)
+        try:
+            processes = services.start()
+            gateway = processes["admission"].address
+            yield gateway, tenant_key(gateway, admin_token)
+        except Exception:
+            for process in services.processes.values():
+                progress(f"--- {process.name} log tail ---\n{process.log_tail()}")
+            raise
+        finally:
+            progress("stopping the stack")
+            services.stop()
