@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,14 @@ class Stack:
         return self.client(self.tenant_key(name))
 
 
-@pytest.fixture(scope="package")
-def stack(infra: Endpoints, template_database: str, tiny_model_dir: Path) -> Iterator[Stack]:
+@contextmanager
+def running_stack(
+    infra: Endpoints,
+    template_database: str,
+    model_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[tuple[Stack, Services]]:
+    """The four services on a database and a topic of their own; stopped on the way out."""
     name = f"e2e_{uuid.uuid4().hex}"
     database_url = create_database_from_template(infra.database_url, template_database, name)
     topic = f"e2e-{uuid.uuid4()}"
@@ -54,11 +61,15 @@ def stack(infra: Endpoints, template_database: str, tiny_model_dir: Path) -> Ite
         database_url=database_url,
         kafka_bootstrap=infra.kafka_bootstrap,
         model_name="tiny",
-        model_dir=tiny_model_dir,
+        model_dir=model_dir,
         admin_token=ADMIN_TOKEN,
         topic=topic,
         num_kv_blocks=NUM_KV_BLOCKS,
-        extra_env={"TOLLGATE_LEDGER_SWEEP_GRACE": "3", "TOLLGATE_MAX_TOKENS": "4096"},
+        extra_env={
+            "TOLLGATE_LEDGER_SWEEP_GRACE": "3",
+            "TOLLGATE_MAX_TOKENS": "4096",
+            **(extra_env or {}),
+        },
     )
     # TOLLGATE_E2E_LOGS keeps the services' logs for a look after the run.
     with tempfile.TemporaryDirectory(prefix="tollgate-e2e-") as scratch:
@@ -69,14 +80,23 @@ def stack(infra: Endpoints, template_database: str, tiny_model_dir: Path) -> Ite
             processes["admission"].address, ADMIN_TOKEN, ledger_address=processes["ledger"].address
         )
         try:
-            yield Stack(
-                gateway=processes["admission"].address,
-                ledger=processes["ledger"].address,
-                worker=processes["worker"].address,
-                database_url=database_url,
-                admin=admin,
-                metrics={name: p.metrics_port for name, p in processes.items()},
+            yield (
+                Stack(
+                    gateway=processes["admission"].address,
+                    ledger=processes["ledger"].address,
+                    worker=processes["worker"].address,
+                    database_url=database_url,
+                    admin=admin,
+                    metrics={name: p.metrics_port for name, p in processes.items()},
+                ),
+                services,
             )
         finally:
             services.stop()
             drop_database(infra.database_url, name)
+
+
+@pytest.fixture(scope="package")
+def stack(infra: Endpoints, template_database: str, tiny_model_dir: Path) -> Iterator[Stack]:
+    with running_stack(infra, template_database, tiny_model_dir) as (stack, _):
+        yield stack

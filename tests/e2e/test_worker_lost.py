@@ -1,0 +1,94 @@
+"""A worker killed in the middle of a stream, with real processes throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.core.infra import Endpoints
+from services.stack.launcher import ServiceProcess, Services
+from tests.e2e.conftest import Stack, running_stack
+
+MODEL = "tiny"
+# The scheduler gives up on a silent worker after this many seconds.
+WORKER_TIMEOUT = "2"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def lone_worker(
+    infra: Endpoints, template_database: str, tiny_model_dir: Path
+) -> Iterator[tuple[Stack, Services]]:
+    """A stack of its own: this module kills its worker."""
+    env = {"TOLLGATE_WORKER_TIMEOUT": WORKER_TIMEOUT}
+    with running_stack(infra, template_database, tiny_model_dir, env) as started:
+        yield started
+
+
+def start_second_worker(services: Services) -> ServiceProcess:
+    """A worker that registers itself with the scheduler, as added capacity would."""
+    worker = ServiceProcess(
+        "worker-2",
+        "services.worker",
+        {
+            **services.common_env(),
+            **services.worker_env(),
+            "TOLLGATE_WORKER_ID": "worker-2",
+            "TOLLGATE_SCHEDULER_ADDRESS": services.processes["scheduler"].address,
+        },
+        services.log_dir / "worker-2.log",
+    )
+    worker.start()
+    worker.wait_ready()
+    return worker
+
+
+def test_a_run_streaming_on_a_killed_worker_fails_and_is_billed_for_what_it_delivered(
+    lone_worker: tuple[Stack, Services],
+) -> None:
+    stack, services = lone_worker
+    client = stack.tenant_client("worker-lost")
+    # The first run holds most of the worker's KV blocks, so the second one waits.
+    streaming = client.generate("long", model=MODEL, max_tokens=1900, ignore_eos=True)
+    events = iter(streaming)
+    seen = [next(events)]
+    while sum(e.kind == "streaming" for e in seen) < 2:
+        seen.append(next(events))
+    waiting = client.generate("waits", model=MODEL, max_tokens=700, ignore_eos=True)
+    waiting_events = iter(waiting)
+    queued = next(waiting_events)
+    assert queued.kind == "queued"
+
+    # The worker and its engine process die at once, mid-stream.
+    os.killpg(services.processes["worker"].pid, signal.SIGKILL)
+    seen.extend(events)
+
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    assert [e.kind for e in seen][-2:] == ["failed", "billed"]
+    failed, billed = seen[-2:]
+    assert failed.error_code == "WORKER_LOST"
+    delivered = sum(len(e.token_ids) for e in seen if e.kind == "streaming")
+    assert failed.usage is not None and failed.usage.output_tokens == delivered
+    output = next(e for e in billed.entries if e.billing_type == "output_tokens")
+    assert output.quantity == delivered
+    # The stream as stored is the one the client saw.
+    assert [(e.seq, e.kind) for e in client.stream_run(seen[0].run_id)] == [
+        (e.seq, e.kind) for e in seen
+    ]
+
+    # The waiting run was never assigned: it stays queued until a worker has room.
+    assert client.get_run(queued.run_id).state == "queued"
+    second = start_second_worker(services)
+    try:
+        rest = list(waiting_events)
+    finally:
+        second.stop()
+    assert [e.kind for e in rest][-2:] == ["completed", "billed"]
+    assert sum(len(e.token_ids) for e in rest if e.kind == "streaming") == 700
+    assert next(e for e in rest if e.kind == "prefill").worker_id == "worker-2"
+    assert stack.admin.get_reconciliation().ok
