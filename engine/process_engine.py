@@ -8,14 +8,19 @@ engine keeps its steps to itself.
 The child loads the model and then answers a pipe: requests, aborts and a stop
 come in; each step's outputs and the free block count go out. Requests are
 checked here first (against the child's `RequestLimits`), so a bad one is
-refused at once, as with `AsyncEngine`.
+refused at once, as with `AsyncEngine`. Commands are written by a thread of
+their own: the child reads only between steps, and commands larger than the
+pipe's buffer would otherwise hold up the event loop until it does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
+import queue
 import signal
+import threading
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from multiprocessing.connection import Connection
@@ -53,6 +58,12 @@ class ProcessEngine(EngineFront):
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(conn.fileno(), self._on_readable)
         self._reading = True
+        # Commands for the writer thread, in order; None ends it.
+        self._commands: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(
+            target=self._write_commands, name="tollgate-engine-commands", daemon=True
+        )
+        self._writer.start()
 
     @classmethod
     async def start(
@@ -125,19 +136,28 @@ class ProcessEngine(EngineFront):
         if not self._closed:
             self._closed = True
             self._send(("stop",))
+        self._commands.put(None)
         self._stop_reading()
         await asyncio.to_thread(self._process.join, STOP_TIMEOUT_SECONDS)
         if self._process.is_alive():
             self._process.kill()
             await asyncio.to_thread(self._process.join)
+        await asyncio.to_thread(self._writer.join)  # the child is gone: no write can block
         self._conn.close()
         self._fail_all(EngineClosedError("the engine was shut down"))
 
     def _send(self, command: tuple[Any, ...]) -> None:
-        try:
-            self._conn.send(command)
-        except (BrokenPipeError, ConnectionResetError):
-            self._lost()
+        self._commands.put(command)
+
+    def _write_commands(self) -> None:
+        """The writer thread: sends the commands in order until None, or the child is gone."""
+        while (command := self._commands.get()) is not None:
+            try:
+                self._conn.send(command)
+            except OSError:  # BrokenPipeError, ConnectionResetError: the child is gone
+                with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile
+                    self._loop.call_soon_threadsafe(self._lost)
+                return
 
     def _on_readable(self) -> None:
         try:
@@ -160,6 +180,7 @@ class ProcessEngine(EngineFront):
         if not self._reading:
             return
         self._closed = True
+        self._commands.put(None)
         self._stop_reading()
         self.lost.set()
         reason = repr(error) if error is not None else f"exit code {self._process.exitcode}"

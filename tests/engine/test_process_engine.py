@@ -4,6 +4,10 @@ streams fail (never hang) when the child stops or dies."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -111,3 +115,33 @@ async def test_shutdown_stops_the_child_and_fails_open_streams(tiny_dir: Path) -
 async def test_a_model_that_cannot_load_raises(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="config.json"):
         await ProcessEngine.start(tmp_path, CONFIG)
+
+
+async def test_commands_never_wait_on_the_event_loop_for_a_busy_child(tiny_dir: Path) -> None:
+    """A stopped child reads nothing, as a child in a long step would not: requests whose
+    commands overflow the pipe's buffer still return at once, and run once it reads."""
+    engine = await ProcessEngine.start(tiny_dir, CONFIG)
+    pid = engine._process.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    # Resumes the child whatever happens below; had adding blocked, only this would end it.
+    resume = threading.Timer(10.0, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        # About 3 bytes a token, 200 times: far more than a pipe holds.
+        prompt = [5] * 1000
+        one_token = SamplingParams(max_tokens=1, temperature=0)
+        started = time.monotonic()
+        streams = [engine.add_request(f"r{i}", prompt, one_token) for i in range(200)]
+        adding = time.monotonic() - started
+        os.kill(pid, signal.SIGCONT)
+        assert adding < 5.0, f"adding waited {adding:.1f}s for the child"
+        for i in range(199):
+            engine.abort(f"r{i}")
+        ends = await asyncio.wait_for(asyncio.gather(*(collect(s) for s in streams)), 60)
+        assert {outs[-1].finish_reason for outs in ends[:-1]} <= {"abort", "length"}
+        assert ends[-1][-1].finish_reason == "length"
+    finally:
+        resume.cancel()
+        os.kill(pid, signal.SIGCONT)
+        await engine.shutdown()
