@@ -81,7 +81,10 @@ def cancel_while_streaming(client: Client, model: str) -> str:
     for event in stream:
         if event.kind == "streaming" and event.seq >= 6:
             run = client.cancel_run(event.run_id)
-            print(f"cancelled {event.run_id} at seq {event.seq}: state {run.state}", flush=True)
+            print(
+                f"cancel requested after seq {event.seq} of {event.run_id}: it is now {run.state}",
+                flush=True,
+            )
             break
     stream.close()
     assert stream.run_id is not None

@@ -1,0 +1,110 @@
+"""`tollgate up` and `make run`'s demo as a user runs them: everything started from
+nothing but the package, on infrastructure of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tollgate import AdminClient, Client
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SERVICES = {"admission", "scheduler", "worker", "ledger"}
+
+
+def fresh_machine_env() -> dict[str, str]:
+    """No TOLLGATE_* settings: the stack starts its own PostgreSQL and broker."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("TOLLGATE_")}
+
+
+def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"tollgate up exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout:.0f}s"
+        time.sleep(0.2)
+    time.sleep(0.2)  # written in one go; let the writer close it
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -> None:
+    data_dir = tmp_path / "stack"
+    stack_file = data_dir / "stack.json"
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir)]
+            + ["--port", "0"],
+            stdout=out,
+            stderr=err,
+            env=fresh_machine_env(),
+        )
+        try:
+            wait_for_file(stack_file, process)
+            stack: dict[str, Any] = json.loads(stack_file.read_text())
+            assert stat.S_IMODE(stack_file.stat().st_mode) == 0o600
+            for key in ("gateway", "admin_token", "api_key", "database_url", "kafka_bootstrap"):
+                assert stack[key], key
+            assert stack["model"] == "tiny"
+            assert set(stack["services"]) == SERVICES
+            pids = [service["pid"] for service in stack["services"].values()]
+            assert all(service["address"] for service in stack["services"].values())
+            assert all(is_running(pid) for pid in pids)
+
+            ledger = stack["services"]["ledger"]["address"]
+            client = Client(stack["gateway"], stack["api_key"], ledger_address=ledger)
+            events = list(client.generate("Once upon a time", model="tiny", max_tokens=8))
+            assert [e.kind for e in events][-2:] == ["completed", "billed"]
+            admin = AdminClient(stack["gateway"], stack["admin_token"])
+            assert "demo" in {tenant.name for tenant in admin.list_tenants()}
+        finally:
+            process.send_signal(signal.SIGTERM)
+            status = process.wait(90)
+    assert status == 0
+    assert not stack_file.exists()
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(is_running(pid) for pid in pids)
+    # The secrets are in stack.json alone: not printed, not logged.
+    printed = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    logged = "".join(log.read_text(errors="replace") for log in (data_dir / "logs").glob("*.log"))
+    for secret in (stack["api_key"], stack["admin_token"]):
+        assert secret not in printed and secret not in logged
+    assert stack["gateway"] in printed
+
+
+def test_the_demo_streams_resumes_cancels_and_prints_the_ledger(tmp_path: Path) -> None:
+    demo = subprocess.run(
+        [sys.executable, "-m", "tollgate.demo", "--exit", "--data-dir", str(tmp_path / "stack")],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=fresh_machine_env(),
+    )
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    lines = demo.stdout.splitlines()
+    assert any(line.startswith("[connection cut after seq") for line in lines)
+    ends = [line.split("] ", 1)[1] for line in lines if line.startswith("[seq ")]
+    # Each run's events other than tokens: the first to its end, the second cancelled.
+    assert ends[:4] == ["queued", "prefill", "completed", "billed"]
+    assert ends[4].startswith("cancelled output_tokens=") and ends[5:] == ["billed"]
+    assert int(ends[4].split("=")[1]) > 0
+    assert any(line.startswith("tenant total: ") for line in lines)
+    assert sum(" micro-USD" in line for line in lines) >= 6  # three entries for each run
