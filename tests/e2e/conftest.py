@@ -51,6 +51,7 @@ def running_stack(
     template_database: str,
     model_dir: Path,
     extra_env: Mapping[str, str] | None = None,
+    gateway_listen: str = "127.0.0.1:0",
 ) -> Iterator[tuple[Stack, Services]]:
     """The four services on a database and a topic of their own; stopped on the way out."""
     name = f"e2e_{uuid.uuid4().hex}"
@@ -65,6 +66,7 @@ def running_stack(
         admin_token=ADMIN_TOKEN,
         topic=topic,
         num_kv_blocks=NUM_KV_BLOCKS,
+        gateway_listen=gateway_listen,
         extra_env={
             "TOLLGATE_LEDGER_SWEEP_GRACE": "3",
             "TOLLGATE_MAX_TOKENS": "4096",
