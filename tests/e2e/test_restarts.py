@@ -1,9 +1,12 @@
-"""Admission killed while a client streams, then started again: the client resumes."""
+"""Services killed outright and started again while runs are in flight: admission under
+a streaming client, which resumes; the ledger among completing runs, which are all
+billed once."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +14,9 @@ import pytest
 
 from services.core.infra import Endpoints, free_port
 from services.stack.launcher import ServiceProcess, Services
-from tests.e2e.conftest import Stack, running_stack
-from tollgate import Client
-from tollgate.types import RetryPolicy
+from tests.e2e.conftest import ADMIN_TOKEN, Stack, running_stack
+from tollgate import AdminClient, Client
+from tollgate.types import RetryPolicy, RunEvent
 
 MODEL = "tiny"
 # Patient enough to outlast admission's restart (a few seconds), reconnecting quickly.
@@ -66,3 +69,45 @@ def test_a_stream_survives_its_admission_process_dying(
     assert [(e.seq, e.kind, e.token_ids) for e in stored] == [
         (e.seq, e.kind, e.token_ids) for e in seen
     ]
+
+
+def test_the_ledger_killed_among_completing_runs_still_bills_each_once(
+    fixed_gateway: tuple[Stack, Services],
+) -> None:
+    stack, services = fixed_gateway
+    key = stack.tenant_key("ledger-crash")
+    client = Client(stack.gateway, key)
+    results: dict[int, list[RunEvent]] = {}
+    completing = threading.Event()
+
+    def run(i: int) -> None:
+        events = []
+        for event in client.generate(f"burst {i}", model=MODEL, max_tokens=24, ignore_eos=True):
+            events.append(event)
+            if event.kind == "completed":
+                completing.set()
+        results[i] = events
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    # Billing has begun: the ledger dies among transactions and offset commits.
+    assert completing.wait(120)
+    restart(services, "ledger")
+    for thread in threads:
+        thread.join(120)
+
+    assert len(results) == 10
+    ledger = services.processes["ledger"].address
+    billing = Client(stack.gateway, key, ledger_address=ledger)
+    for events in results.values():
+        assert [e.kind for e in events][-2:] == ["completed", "billed"]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        entries = billing.iter_ledger_entries(run_id=events[0].run_id)
+        assert sorted(e.billing_type for e in entries) == [
+            "cached_input_tokens",
+            "input_tokens",
+            "output_tokens",
+        ]
+    admin = AdminClient(stack.gateway, ADMIN_TOKEN, ledger_address=ledger)
+    assert admin.get_reconciliation().ok
