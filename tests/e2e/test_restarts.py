@@ -1,6 +1,7 @@
-"""Services killed outright and started again while runs are in flight: admission under
-a streaming client, which resumes; the ledger among completing runs, which are all
-billed once."""
+"""Services killed outright and started again, on the same address, while runs are in
+flight: admission under a streaming client, which resumes; the ledger among completing
+runs, which are all billed once; the scheduler, without which streams go on and new runs
+wait."""
 
 from __future__ import annotations
 
@@ -36,16 +37,26 @@ def fixed_gateway(
         yield started
 
 
-def restart(services: Services, name: str) -> None:
-    """Kills the service outright, then starts it again with the same settings."""
+def kill(services: Services, name: str) -> ServiceProcess:
+    """Kills the service outright; returns what it was."""
     old = services.processes[name]
     os.killpg(old.pid, signal.SIGKILL)
     assert old.process is not None
     old.process.wait()
-    new = ServiceProcess(old.name, old.module, old.env, old.log_path)
-    services.processes[name] = new
+    return old
+
+
+def start_again(services: Services, old: ServiceProcess) -> None:
+    """Starts a killed service with the same settings, on the same address."""
+    env = {**old.env, "TOLLGATE_LISTEN": old.address}
+    new = ServiceProcess(old.name, old.module, env, old.log_path)
+    services.processes[old.name] = new
     new.start()
-    new.wait_ready()
+    assert new.wait_ready() == old.address
+
+
+def restart(services: Services, name: str) -> None:
+    start_again(services, kill(services, name))
 
 
 def test_a_stream_survives_its_admission_process_dying(
@@ -98,8 +109,7 @@ def test_the_ledger_killed_among_completing_runs_still_bills_each_once(
         thread.join(120)
 
     assert len(results) == 10
-    ledger = services.processes["ledger"].address
-    billing = Client(stack.gateway, key, ledger_address=ledger)
+    billing = Client(stack.gateway, key, ledger_address=stack.ledger)
     for events in results.values():
         assert [e.kind for e in events][-2:] == ["completed", "billed"]
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
@@ -109,5 +119,34 @@ def test_the_ledger_killed_among_completing_runs_still_bills_each_once(
             "input_tokens",
             "output_tokens",
         ]
-    admin = AdminClient(stack.gateway, ADMIN_TOKEN, ledger_address=ledger)
+    admin = AdminClient(stack.gateway, ADMIN_TOKEN, ledger_address=stack.ledger)
     assert admin.get_reconciliation().ok
+
+
+def test_runs_go_on_while_the_scheduler_is_down_and_queue_until_it_is_back(
+    fixed_gateway: tuple[Stack, Services],
+) -> None:
+    stack, services = fixed_gateway
+    key = stack.tenant_key("scheduler-crash")
+    client = Client(stack.gateway, key, ledger_address=stack.ledger)
+    running = iter(client.generate("running", model=MODEL, max_tokens=400, ignore_eos=True))
+    seen = [next(running)]
+    while seen[-1].kind != "streaming":
+        seen.append(next(running))
+
+    scheduler = kill(services, "scheduler")
+    # Admitted while no scheduler listens: it waits in the store.
+    waiting = iter(client.generate("waiting", model=MODEL, max_tokens=16, ignore_eos=True))
+    queued = next(waiting)
+    assert queued.kind == "queued"
+    seen.extend(running)  # the worker streams on without the scheduler
+    assert [e.kind for e in seen][-2:] == ["completed", "billed"]
+    assert client.get_run(queued.run_id).state == "queued"
+
+    start_again(services, scheduler)
+    rest = [queued, *waiting]
+    assert [e.kind for e in rest][-2:] == ["completed", "billed"]
+    assert [e.seq for e in rest] == list(range(1, len(rest) + 1))
+    assert (
+        AdminClient(stack.gateway, ADMIN_TOKEN, ledger_address=stack.ledger).get_reconciliation().ok
+    )
