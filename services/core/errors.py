@@ -2,7 +2,9 @@
 
 The core raises `ApiError`s; servicers let them propagate, and `rpc_errors`
 turns them into `google.rpc.Status` with the standard detail messages
-(BadRequest, QuotaFailure, RetryInfo, ErrorInfo).
+(BadRequest, QuotaFailure, RetryInfo, ErrorInfo). Anything else a method raises
+becomes UNAVAILABLE when the database is out of reach (clients retry), else
+INTERNAL; its text, which may hold SQL and its parameters, goes to the log only.
 """
 
 from __future__ import annotations
@@ -14,12 +16,27 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+import psycopg
+import sqlalchemy.exc
+import structlog
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from prometheus_client import Counter
 
 ERROR_DOMAIN = "tollgate.v1"
+
+log = structlog.get_logger(__name__)
+
+# What the database's client raises when the server cannot be reached, a connection
+# broke (the server restarted), or the pool has no connection to lend in time.
+DATABASE_AWAY = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +175,20 @@ async def _abort(context: Any, method: str, error: ApiError) -> None:
     await context.abort_with_status(rpc_status.to_status(error.to_status()))
 
 
+def as_api_error(method: str, error: Exception) -> ApiError:
+    """What the client is told of an error no ApiError describes; the details are logged."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, DATABASE_AWAY):
+        log.warning("database unavailable", method=method, error=type(error).__name__)
+        return Unavailable("the event store is unavailable; retry shortly", retry_after=1.0)
+    log.error("unexpected error", method=method, exc_info=error)
+    return ApiError("internal error")
+
+
 def rpc_errors(method: F) -> F:
-    """Aborts the call with the rich status of any ApiError the method raises."""
+    """Aborts the call with the rich status of the error the method raises (`as_api_error`)."""
+    name = method.__name__
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
@@ -167,8 +196,10 @@ def rpc_errors(method: F) -> F:
             try:
                 async for item in method(self, request, context):
                     yield item
-            except ApiError as error:
-                await _abort(context, method.__name__, error)
+            except grpc.aio.AbortError:
+                raise  # the method aborted the call itself
+            except Exception as error:
+                await _abort(context, name, as_api_error(name, error))
 
         return stream  # type: ignore[return-value]
 
@@ -176,8 +207,10 @@ def rpc_errors(method: F) -> F:
     async def unary(self: Any, request: Any, context: Any) -> Any:
         try:
             return await method(self, request, context)
-        except ApiError as error:
-            await _abort(context, method.__name__, error)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:
+            await _abort(context, name, as_api_error(name, error))
 
     return unary  # type: ignore[return-value]
 

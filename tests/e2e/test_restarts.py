@@ -1,19 +1,27 @@
 """Services killed outright and started again, on the same address, while runs are in
 flight: admission under a streaming client, which resumes; the ledger among completing
 runs, which are all billed once; the scheduler, without which streams go on and new runs
-wait."""
+wait; and the database, cut off for a while."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
 
-from services.core.infra import Endpoints, free_port
+from services.core.db import libpq_url
+from services.core.infra import Endpoints
 from services.stack.launcher import ServiceProcess, Services
 from tests.e2e.conftest import ADMIN_TOKEN, Stack, running_stack
 from tollgate import AdminClient, Client
@@ -32,7 +40,7 @@ def fixed_gateway(
     infra: Endpoints, template_database: str, tiny_model_dir: Path
 ) -> Iterator[tuple[Stack, Services]]:
     """A stack of its own, its gateway on a port a restarted admission listens on again."""
-    listen = f"127.0.0.1:{free_port()}"
+    listen = f"127.0.0.1:{unassigned_port()}"
     with running_stack(infra, template_database, tiny_model_dir, gateway_listen=listen) as started:
         yield started
 
@@ -53,6 +61,18 @@ def start_again(services: Services, old: ServiceProcess) -> None:
     services.processes[old.name] = new
     new.start()
     assert new.wait_ready() == old.address
+
+
+def unassigned_port() -> int:
+    """A free port below the range the kernel picks ports from (for port 0 and for
+    outgoing connections), so nothing else takes it while the gateway is down."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_000, low), 50):
+        with socket.socket() as probe:
+            with contextlib.suppress(OSError):
+                probe.bind(("127.0.0.1", port))
+                return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def restart(services: Services, name: str) -> None:
@@ -147,6 +167,45 @@ def test_runs_go_on_while_the_scheduler_is_down_and_queue_until_it_is_back(
     rest = [queued, *waiting]
     assert [e.kind for e in rest][-2:] == ["completed", "billed"]
     assert [e.seq for e in rest] == list(range(1, len(rest) + 1))
+    assert (
+        AdminClient(stack.gateway, ADMIN_TOKEN, ledger_address=stack.ledger).get_reconciliation().ok
+    )
+
+
+def test_a_stream_outlasts_a_database_outage(
+    fixed_gateway: tuple[Stack, Services], infra: Endpoints
+) -> None:
+    """Every connection of the stack's database is cut and none is let in for a while,
+    as when PostgreSQL restarts: the engine keeps generating, the worker keeps what it
+    cannot append, clients are told UNAVAILABLE and retry, and the run ends whole."""
+    stack, _ = fixed_gateway
+    key = stack.tenant_key("database-outage")
+    client = Client(stack.gateway, key, ledger_address=stack.ledger, retry=RETRY, options=OPTIONS)
+    events = iter(client.generate("outage", model=MODEL, max_tokens=600, ignore_eos=True))
+    seen = [next(events)]
+    while sum(e.kind == "streaming" for e in seen) < 2:
+        seen.append(next(events))
+
+    database = make_url(stack.database_url).database
+    assert database is not None
+    with psycopg.connect(libpq_url(infra.database_url), autocommit=True) as admin:
+        name = sql.Identifier(database)
+        admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(name))
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (database,),
+            )
+            time.sleep(3)
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
+    seen.extend(events)
+
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    assert [e.kind for e in seen][-2:] == ["completed", "billed"]
+    assert sum(len(e.token_ids) for e in seen if e.kind == "streaming") == 600
+    after = list(client.generate("after", model=MODEL, max_tokens=8))
+    assert [e.kind for e in after][-2:] == ["completed", "billed"]
     assert (
         AdminClient(stack.gateway, ADMIN_TOKEN, ledger_address=stack.ledger).get_reconciliation().ok
     )
