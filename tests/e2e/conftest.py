@@ -20,6 +20,7 @@ from services.core.infra import (
 )
 from services.stack.launcher import Services, StackConfig
 from tollgate import AdminClient, Client
+from tollgate.types import RunEvent
 
 ADMIN_TOKEN = "e2e-admin-token"
 NUM_KV_BLOCKS = 160
@@ -43,6 +44,20 @@ class Stack:
 
     def tenant_client(self, name: str) -> Client:
         return self.client(self.tenant_key(name))
+
+
+def start_streaming(
+    client: Client, prompt: str, max_tokens: int
+) -> tuple[list[RunEvent], Iterator[RunEvent]]:
+    """Starts a greedy run of `max_tokens` and reads it until its second batch of tokens:
+    the events so far, and the rest of the stream."""
+    events = iter(
+        client.generate(prompt, model="tiny", max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    )
+    seen = [next(events)]
+    while sum(e.kind == "streaming" for e in seen) < 2:
+        seen.append(next(events))
+    return seen, events
 
 
 @contextmanager

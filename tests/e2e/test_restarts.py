@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from services.core.db import libpq_url
 from services.core.infra import Endpoints
 from services.stack.launcher import ServiceProcess, Services
-from tests.e2e.conftest import ADMIN_TOKEN, Stack, running_stack
+from tests.e2e.conftest import ADMIN_TOKEN, Stack, running_stack, start_streaming
 from tollgate import AdminClient, Client
 from tollgate.types import RetryPolicy, RunEvent
 
@@ -85,10 +85,7 @@ def test_a_stream_survives_its_admission_process_dying(
     stack, services = fixed_gateway
     key = stack.tenant_key("restart")
     client = Client(stack.gateway, key, ledger_address=stack.ledger, retry=RETRY, options=OPTIONS)
-    events = iter(client.generate("a long story", model=MODEL, max_tokens=600, ignore_eos=True))
-    seen = [next(events)]
-    while sum(e.kind == "streaming" for e in seen) < 2:
-        seen.append(next(events))
+    seen, events = start_streaming(client, "a long story", 600)
 
     restart(services, "admission")
     seen.extend(events)
@@ -181,10 +178,7 @@ def test_a_stream_outlasts_a_database_outage(
     stack, _ = fixed_gateway
     key = stack.tenant_key("database-outage")
     client = Client(stack.gateway, key, ledger_address=stack.ledger, retry=RETRY, options=OPTIONS)
-    events = iter(client.generate("outage", model=MODEL, max_tokens=600, ignore_eos=True))
-    seen = [next(events)]
-    while sum(e.kind == "streaming" for e in seen) < 2:
-        seen.append(next(events))
+    seen, events = start_streaming(client, "outage", 600)
 
     database = make_url(stack.database_url).database
     assert database is not None

@@ -11,7 +11,7 @@ import pytest
 
 from services.core.infra import Endpoints
 from services.stack.launcher import ServiceProcess, Services
-from tests.e2e.conftest import Stack, running_stack
+from tests.e2e.conftest import Stack, running_stack, start_streaming
 
 MODEL = "tiny"
 # The scheduler gives up on a silent worker after this many seconds.
@@ -54,11 +54,7 @@ def test_a_run_streaming_on_a_killed_worker_fails_and_is_billed_for_what_it_deli
     stack, services = lone_worker
     client = stack.tenant_client("worker-lost")
     # The first run holds most of the worker's KV blocks, so the second one waits.
-    streaming = client.generate("long", model=MODEL, max_tokens=1900, ignore_eos=True)
-    events = iter(streaming)
-    seen = [next(events)]
-    while sum(e.kind == "streaming" for e in seen) < 2:
-        seen.append(next(events))
+    seen, events = start_streaming(client, "long", 1900)
     waiting = client.generate("waits", model=MODEL, max_tokens=700, ignore_eos=True)
     waiting_events = iter(waiting)
     queued = next(waiting_events)
