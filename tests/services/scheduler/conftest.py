@@ -1,5 +1,6 @@
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,9 @@ async def start_scheduler(
         }
         settings = SchedulerSettings(common=common, workers=dict(workers or {}), **options)
         app = SchedulerApp(settings, engine)
+        # A consumer group of its own: a group spans topics, so schedulers of other
+        # tests (or of a stack on the same broker) would otherwise rebalance with it.
+        app.trigger.group_id = f"scheduler-test-{uuid.uuid4().hex[:8]}"
         server, port, _ = create_server(settings.common.listen, app)
         await server.start()
         tasks = [asyncio.create_task(job) for job in app.background()]
