@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -28,8 +28,8 @@ def role(cmdline: Sequence[str], name: str, is_self: bool) -> str:
     database, the broker, or other."""
     if is_self:
         return BENCH
-    if "-m" in cmdline:
-        module = cmdline[cmdline.index("-m") + 1] if cmdline[-1] != "-m" else ""
+    if "-m" in cmdline[:-1]:
+        module = cmdline[cmdline.index("-m") + 1]
         if module.startswith("services."):
             return module.removeprefix("services.")
     if any("spawn_main" in arg for arg in cmdline):
@@ -93,14 +93,11 @@ class CpuWindow:
         return self.total_seconds / offered if offered > 0 else 0.0
 
     def describe(self) -> str:
-        parts = ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in self.items())
+        parts = ", ".join(f"{kind} {seconds:.2f}" for kind, seconds in self.seconds.items())
         return (
             f"{parts}; {self.total_seconds:.2f} CPU-s in {self.wall_seconds:.2f} s on "
             f"{self.num_cores} cores ({self.busy_fraction:.0%} busy)"
         )
 
-    def items(self) -> Iterator[tuple[str, float]]:
-        return iter(self.seconds.items())
-
     def rounded(self) -> Mapping[str, float]:
-        return {kind: round(seconds, 3) for kind, seconds in self.items()}
+        return {kind: round(seconds, 3) for kind, seconds in self.seconds.items()}
