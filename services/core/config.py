@@ -8,6 +8,15 @@ from dataclasses import dataclass
 RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
 
 
+def consumer_group(name: str, topic: str) -> str:
+    """The Kafka consumer group of the consumer `name` on `topic`.
+
+    One group per topic: stacks that share a cluster under different topics never
+    wait on one another's rebalances. The default topic keeps the bare name.
+    """
+    return name if topic == RUN_EVENTS_TOPIC else f"{name}.{topic}"
+
+
 class ConfigError(Exception):
     """A TOLLGATE_* variable is missing or malformed; the message names it."""
 

@@ -8,8 +8,8 @@ import structlog
 from aiokafka import ConsumerRecord
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.consumer import TrackingConsumer
-from services.core.relay import RUN_EVENTS_TOPIC
 from services.core.runs import TERMINAL_STATES
 from services.core.telemetry import bound_log_context, get_tracer
 from services.ledger.billing import Bill, bill_run
@@ -32,16 +32,18 @@ class LedgerConsumer(TrackingConsumer):
         prices: PriceTable,
         *,
         topic: str = RUN_EVENTS_TOPIC,
-        group_id: str = LEDGER_GROUP,
+        group_id: str | None = None,
         session_timeout_ms: int = 10_000,
     ) -> None:
+        # Tracking rows carry the plain name whatever the topic: a run is billed once.
         super().__init__(
             engine,
             bootstrap,
-            group_id=group_id,
+            group_id=group_id or consumer_group(LEDGER_GROUP, topic),
             handler=self.bill,
             kinds=TERMINAL_STATES,
             topic=topic,
+            name=LEDGER_GROUP,
             session_timeout_ms=session_timeout_ms,
         )
         self.prices = prices

@@ -19,7 +19,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from services.core.codec import kind_of
-from services.core.config import RUN_EVENTS_TOPIC
+from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.runs import TERMINAL_STATES, RunState
 from services.scheduler.records import QueuedRun, queued_run
 from services.scheduler.repository import SchedulerRepository
@@ -95,7 +95,7 @@ class EventTrigger:
         on_queued: Callable[[Collection[str]], Awaitable[object]],
         on_ended: Callable[[str], None],
         topic: str = RUN_EVENTS_TOPIC,
-        group_id: str = GROUP_ID,
+        group_id: str | None = None,
         session_timeout_ms: int = 10_000,
         retry_interval: float = 2.0,
     ) -> None:
@@ -103,7 +103,7 @@ class EventTrigger:
         self.on_queued = on_queued
         self.on_ended = on_ended
         self.topic = topic
-        self.group_id = group_id
+        self.group_id = group_id or consumer_group(GROUP_ID, topic)
         self.session_timeout_ms = session_timeout_ms
         self.retry_interval = retry_interval
         # Set while the consumer holds partitions, i.e. sees new events.

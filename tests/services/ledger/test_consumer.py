@@ -4,6 +4,7 @@ import contextlib
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.runs import RunState
@@ -18,6 +19,17 @@ class KilledBeforeOffsetCommit(LedgerConsumer):
 
     async def commit_offsets(self, consumer, offsets):  # type: ignore[no-untyped-def]
         raise RuntimeError("killed between billing and offset commit")
+
+
+class Counting(LedgerConsumer):
+    """Counts the records it is handed, redelivered ones included."""
+
+    seen = 0
+
+    async def apply(self, records):  # type: ignore[no-untyped-def]
+        applied = await super().apply(records)
+        self.seen += len(records)
+        return applied
 
 
 async def publish_terminal_runs(
@@ -53,8 +65,11 @@ async def consume(consumer: LedgerConsumer, until) -> None:  # type: ignore[no-u
 
 
 async def committed_offsets(bootstrap: str, topic: str) -> list[int | None]:
+    """The ledger group's committed offset on each partition of `topic`."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=LEDGER_GROUP, enable_auto_commit=False
+        bootstrap_servers=bootstrap,
+        group_id=consumer_group(LEDGER_GROUP, topic),
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
@@ -81,17 +96,33 @@ async def test_a_consumer_killed_before_its_offset_commit_does_not_bill_twice(
     assert first >= 1
     assert not any(await committed_offsets(kafka_bootstrap, kafka_topic))
 
-    consumer = LedgerConsumer(
-        engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000
+    consumer = Counting(engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000)
+    num_events = 4 * len(run_ids)
+
+    async def redelivered_and_all_billed() -> bool:
+        # The killed consumer may have billed every run: wait for the events it took too.
+        return consumer.seen >= num_events and await num_billed(store, run_ids) == len(run_ids)
+
+    await consume(consumer, redelivered_and_all_billed)
+    assert consumer.seen == num_events
+    # Offsets start at 0 on each partition of the fresh topic: committed past every event.
+    assert sum(offset or 0 for offset in await committed_offsets(kafka_bootstrap, kafka_topic)) == (
+        num_events
     )
-
-    async def all_billed() -> bool:
-        return await num_billed(store, run_ids) == len(run_ids)
-
-    await consume(consumer, all_billed)
     assert await num_billed(store, run_ids) == len(run_ids)
     for run_id in run_ids:
         kinds = [e.kind for e in await store.read(run_id)]
         assert kinds[-1] == RunState.BILLED and kinds.count(RunState.BILLED) == 1
     assert await entry_count(engine) == 3 * len(run_ids)
     assert await open_reservations(engine) == 0
+
+
+def test_each_topic_has_a_group_of_its_own_and_bills_under_one_name(
+    engine: AsyncEngine, prices: PriceTable
+) -> None:
+    default = LedgerConsumer(engine, "unused:0", prices)
+    other = LedgerConsumer(engine, "unused:0", prices, topic="stack-b.run-events")
+    assert (default.topic, default.group_id) == (RUN_EVENTS_TOPIC, LEDGER_GROUP)
+    assert other.group_id == f"{LEDGER_GROUP}.stack-b.run-events"
+    # Tracking rows name the consumer: the same run is never billed again under a new group.
+    assert default.name == other.name == LEDGER_GROUP

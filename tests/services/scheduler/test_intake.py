@@ -6,8 +6,10 @@ from collections import Counter
 from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.config import RUN_EVENTS_TOPIC
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
+from services.scheduler.intake import GROUP_ID, EventTrigger
 from tests.services.scheduler.helpers import add_tenant, queue_run, wait_for
 from tollgate.v1 import scheduler_pb2
 
@@ -126,3 +128,14 @@ async def test_a_tenant_of_weight_two_gets_twice_the_dispatches(
     worker.free_blocks = 6  # one block per run
     await wait_for(lambda: len(worker.assigned) == 6)
     assert Counter(r.tenant_id for r in worker.assigned) == {"heavy": 4, "light": 2}
+
+
+def test_the_kafka_trigger_joins_the_group_of_its_topic() -> None:
+    async def ignore(run_ids: object) -> None:
+        return None
+
+    def trigger(topic: str) -> EventTrigger:
+        return EventTrigger("unused:0", on_queued=ignore, on_ended=lambda run_id: None, topic=topic)
+
+    assert trigger(RUN_EVENTS_TOPIC).group_id == GROUP_ID
+    assert trigger("stack-b.run-events").group_id == f"{GROUP_ID}.stack-b.run-events"
