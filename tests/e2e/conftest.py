@@ -88,9 +88,11 @@ def running_stack(
             **(extra_env or {}),
         },
     )
-    # TOLLGATE_E2E_LOGS keeps the services' logs for a look after the run.
+    # TOLLGATE_E2E_LOGS keeps the services' logs for a look after the run, a folder per
+    # stack (named as its database).
     with tempfile.TemporaryDirectory(prefix="tollgate-e2e-") as scratch:
-        logs = Path(os.environ.get("TOLLGATE_E2E_LOGS", scratch))
+        kept = os.environ.get("TOLLGATE_E2E_LOGS")
+        logs = Path(kept) / name if kept else Path(scratch)
         services = Services(config, logs)
         processes = services.start()
         admin = AdminClient(
