@@ -13,8 +13,10 @@ manager). Throughput counts the output tokens requests asked for. TTFT is from t
 common arrival; ITL is the gap between consecutive tokens of a request. The prefix-cache
 gain is the engine's TTFT p50 on "shared-prefix" without its prefix cache over with it.
 The peak fraction is the FLOP rate of the engine's decode-only steps over the best fp32
-matmul rate measured in this run. Table on stdout, progress on stderr, and the last line
-is one JSON object.
+matmul rate measured in this run. The matmul floor is the time the random workload's
+matrix multiplies take at that rate with nothing else; the throughput ceiling it sets
+is given as ratios to the baselines. Table on stdout, progress on stderr, and the last
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import torch
 from bench import hf
 from bench.report import progress
 from bench.timing import TokenTimes, matmul_peak_flops
-from bench.workload import Workload, decode_flops, make_model, make_workload
+from bench.workload import Workload, decode_flops, make_model, make_workload, matmul_flops
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.loader import load_model_config
 from engine.sampling import SamplingParams
 
 PREFIX_LEN = 384
@@ -202,12 +205,14 @@ def main() -> None:
         ]
         progress("measuring the matmul peak")
         peak = matmul_peak_flops()
+        floor = matmul_flops(load_model_config(model_dir), workloads[0]) / peak
         hf_model = None if args.skip_baselines else hf.load_hf_model(model_dir)
         random_rows, decode_rate = run_all(model_dir, workloads[0], hf_model, args)
         shared_rows, _ = run_all(model_dir, workloads[1], hf_model, args)
     results = {"random": random_rows, "shared-prefix": shared_rows}
     print_table(results)
     engine_rate = _figure(random_rows, ENGINE)
+    ceiling = workloads[0].num_output_tokens / floor
     figures = {
         "quick": args.quick,
         "threads": torch.get_num_threads(),
@@ -229,6 +234,9 @@ def main() -> None:
         "matmul_peak_gflops": round(peak / 1e9, 1),
         "decode_gflops": round(decode_rate / 1e9, 1),
         "peak_fraction": round(decode_rate / peak, 3),
+        "matmul_floor_s": round(floor, 2),
+        "ceiling_vs_hf_static": _ratio(ceiling, _figure(random_rows, HF_STATIC)),
+        "ceiling_vs_hf_batch": _ratio(ceiling, _figure(random_rows, HF_CONTINUOUS)),
     }
     print(
         f"engine vs hf static: {figures['throughput_vs_hf_static']}x, "
@@ -236,6 +244,12 @@ def main() -> None:
         f"prefix-cache TTFT p50 gain: {figures['prefix_ttft_gain']}x; "
         f"decode {figures['decode_gflops']} GFLOP/s = {figures['peak_fraction']:.1%} "
         f"of the {figures['matmul_peak_gflops']} GFLOP/s matmul peak"
+    )
+    print(
+        f"random workload, its matrix multiplies alone at that peak: {floor:.2f} s, so at "
+        f"most {ceiling:.0f} tok/s = {figures['ceiling_vs_hf_static']}x / "
+        f"{figures['ceiling_vs_hf_batch']}x the baselines; the engine took "
+        f"{_figure(random_rows, ENGINE, 'seconds')} s"
     )
     print(json.dumps(figures))
 

@@ -73,6 +73,23 @@ def linear_params(cfg: ModelConfig) -> int:
     return cfg.num_layers * per_layer + cfg.hidden_size * cfg.vocab_size
 
 
+def matmul_flops(cfg: ModelConfig, work: Workload) -> float:
+    """The matrix-multiply FLOPs of serving `work` with no prefix cached and no preemption.
+
+    Each prompt token and each output token fed back goes through every layer's query,
+    key and value projections, and through the rest of every layer but the last. The
+    rows that sample, one per output token, also take the last layer's output projection
+    and MLP, and the LM head: the engine computes those for them alone.
+    """
+    hidden, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    qkv = hidden * (q + 2 * kv)
+    rest = q * hidden + 3 * hidden * cfg.intermediate_size
+    rows = work.num_prompt_tokens + work.num_output_tokens - len(work.prompts)
+    every_row = cfg.num_layers * qkv + (cfg.num_layers - 1) * rest
+    sampling_row = rest + hidden * cfg.vocab_size
+    return 2.0 * (every_row * rows + sampling_row * work.num_output_tokens)
+
+
 def decode_flops(cfg: ModelConfig, num_tokens: int, context_sum: int) -> float:
     """FLOPs of `num_tokens` decode steps whose contexts add up to `context_sum` positions:
     2 per weight, plus q.k and p.v over the context for every head of every layer."""

@@ -4,12 +4,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+import engine.llm_engine
 from bench.report import percentile
 from bench.timing import TokenTimes
-from bench.workload import FIRST_ORDINARY_ID, decode_flops, linear_params, make_workload
+from bench.workload import (
+    FIRST_ORDINARY_ID,
+    decode_flops,
+    linear_params,
+    make_workload,
+    matmul_flops,
+)
+from engine.config import EngineConfig
 from engine.layers.linear import Linear
+from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
+from engine.sampling import SamplingParams
 from engine.tiny import init_tiny_model
 
 
@@ -29,6 +40,25 @@ def test_linear_params_counts_every_linear_weight(tmp_path: Path) -> None:
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
     assert linear_params(config) == weights
     assert decode_flops(config, 2, 0) == 4 * weights
+
+
+def test_matmul_flops_are_what_the_engine_multiplies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny_dir = init_tiny_model(tmp_path, model_vocab=1000)
+    # Unpacked layers multiply through aten.mm and aten.addmm, which the counter sees.
+    monkeypatch.setattr(engine.llm_engine, "pack_linear_layers", lambda model: 0)
+    llm = LLMEngine.from_model_dir(tiny_dir, EngineConfig(max_num_batched_tokens=64))
+    work = make_workload("w", 5, 1000, 3, (10, 90), (1, 12))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for i, (prompt, n) in enumerate(zip(work.prompts, work.output_lens, strict=True)):
+            llm.add_request(str(i), prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+        while llm.has_unfinished_requests():
+            llm.step()
+    counts = counter.get_flop_counts()["Global"]
+    multiplied = counts.get(torch.ops.aten.mm, 0) + counts.get(torch.ops.aten.addmm, 0)
+    assert multiplied == matmul_flops(load_model_config(tiny_dir), work)
 
 
 def test_percentile_interpolates_between_ranks() -> None:
