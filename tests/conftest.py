@@ -7,6 +7,14 @@ migrated database and its own topic.
 
 from __future__ import annotations
 
+import os
+
+# Some tests start servers with a preexec_fn (PostgreSQL as its own user, `tollgate infra
+# up`) from this process, whose gRPC clients have threads running by then. gRPC's fork
+# support would restart its poller in the forked child, which can abort there before
+# exec. Nothing here forks to keep using gRPC in the child. Read when gRPC loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import tempfile
 import uuid
 from collections.abc import Iterator

@@ -6,11 +6,13 @@ import asyncio
 import sys
 
 from services.core.config import ConfigError
+from services.core.infra_process import follow_parent
 from services.scheduler.app import serve
 from services.scheduler.config import SchedulerSettings
 
 
 def main() -> int:
+    follow_parent()
     try:
         settings = SchedulerSettings.from_env()
     except ConfigError as error:

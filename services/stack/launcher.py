@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from services.core.infra import free_port
-from services.core.infra_process import InfraError, die_with_parent, stop_process
+from services.core.infra_process import InfraError, die_with_parent_env, stop_process
 
 log = structlog.get_logger(__name__)
 
@@ -70,15 +70,15 @@ class ServiceProcess:
         log.info(f"starting {self.name}", log=str(self.log_path))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as err:
+            # No preexec_fn: the service ties itself to this process (`follow_parent`).
             self.process = subprocess.Popen(
                 [sys.executable, "-m", self.module],
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, **die_with_parent_env(signal.SIGTERM)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,
                 process_group=0,
-                preexec_fn=die_with_parent(signal.SIGTERM),
             )
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
