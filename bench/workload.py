@@ -65,12 +65,17 @@ def make_workload(
     return Workload(name, prompts, [rng.randint(*output_lens) for _ in range(num_requests)])
 
 
+def _layer_params(cfg: ModelConfig) -> tuple[int, int]:
+    """One decoder layer's weights: the query, key and value projections, and the rest
+    (the output projection and the MLP)."""
+    hidden, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return hidden * (q + 2 * kv), q * hidden + 3 * hidden * cfg.intermediate_size
+
+
 def linear_params(cfg: ModelConfig) -> int:
     """Weights every token multiplies through: the decoder's projections and the LM head."""
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
-    per_layer += 3 * cfg.hidden_size * cfg.intermediate_size
-    return cfg.num_layers * per_layer + cfg.hidden_size * cfg.vocab_size
+    qkv, rest = _layer_params(cfg)
+    return cfg.num_layers * (qkv + rest) + cfg.hidden_size * cfg.vocab_size
 
 
 def matmul_flops(cfg: ModelConfig, work: Workload) -> float:
@@ -81,12 +86,10 @@ def matmul_flops(cfg: ModelConfig, work: Workload) -> float:
     rows that sample, one per output token, also take the last layer's output projection
     and MLP, and the LM head: the engine computes those for them alone.
     """
-    hidden, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    qkv = hidden * (q + 2 * kv)
-    rest = q * hidden + 3 * hidden * cfg.intermediate_size
+    qkv, rest = _layer_params(cfg)
     rows = work.num_prompt_tokens + work.num_output_tokens - len(work.prompts)
     every_row = cfg.num_layers * qkv + (cfg.num_layers - 1) * rest
-    sampling_row = rest + hidden * cfg.vocab_size
+    sampling_row = rest + cfg.hidden_size * cfg.vocab_size
     return 2.0 * (every_row * rows + sampling_row * work.num_output_tokens)
 
 

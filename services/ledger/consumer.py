@@ -32,14 +32,13 @@ class LedgerConsumer(TrackingConsumer):
         prices: PriceTable,
         *,
         topic: str = RUN_EVENTS_TOPIC,
-        group_id: str | None = None,
         session_timeout_ms: int = 10_000,
     ) -> None:
         # Tracking rows carry the plain name whatever the topic: a run is billed once.
         super().__init__(
             engine,
             bootstrap,
-            group_id=group_id or consumer_group(LEDGER_GROUP, topic),
+            group_id=consumer_group(LEDGER_GROUP, topic),
             handler=self.bill,
             kinds=TERMINAL_STATES,
             topic=topic,

@@ -95,7 +95,6 @@ class EventTrigger:
         on_queued: Callable[[Collection[str]], Awaitable[object]],
         on_ended: Callable[[str], None],
         topic: str = RUN_EVENTS_TOPIC,
-        group_id: str | None = None,
         session_timeout_ms: int = 10_000,
         retry_interval: float = 2.0,
     ) -> None:
@@ -103,7 +102,7 @@ class EventTrigger:
         self.on_queued = on_queued
         self.on_ended = on_ended
         self.topic = topic
-        self.group_id = group_id or consumer_group(GROUP_ID, topic)
+        self.group_id = consumer_group(GROUP_ID, topic)
         self.session_timeout_ms = session_timeout_ms
         self.retry_interval = retry_interval
         # Set while the consumer holds partitions, i.e. sees new events.
