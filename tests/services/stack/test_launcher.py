@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -33,35 +34,32 @@ def test_the_worker_leaves_a_core_to_the_services_unless_told_otherwise(
     assert "TOLLGATE_RESERVED_CORES" not in _services().worker_env()
 
 
-# The launcher's side: starts a child the way ServiceProcess does, prints its pid, waits.
+# A launcher process: starts the stand-in service with ServiceProcess, prints its pid.
 LAUNCHER = """
-import os, signal, subprocess, sys, time
-from services.core.infra_process import die_with_parent_env
-child = subprocess.Popen(
-    [sys.executable, "-c", sys.argv[1]],
-    env={**os.environ, **die_with_parent_env(signal.SIGTERM)},
-)
-print(child.pid, flush=True)
-time.sleep(60)
-"""
-# A service's side: what each `services/*/__main__.py` does first.
-SERVICE = """
-import os, time
-from services.core.infra_process import PARENT_ENV, follow_parent
-follow_parent()
-print(os.environ.get(PARENT_ENV), flush=True)
+import sys, time
+from pathlib import Path
+from services.stack.launcher import ServiceProcess
+service = ServiceProcess("follower", "tests.services.stack.follower", {}, Path(sys.argv[1]))
+service.start()
+print("PID", service.pid, flush=True)
 time.sleep(60)
 """
 
 
-def test_a_service_dies_with_the_process_that_started_it() -> None:
+def test_a_service_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    log = tmp_path / "follower.log"
     launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, SERVICE], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", LAUNCHER, str(log)], stdout=subprocess.PIPE, text=True
     )
     assert launcher.stdout is not None
-    service = psutil.Process(int(launcher.stdout.readline()))
+    pid_line = next(line for line in launcher.stdout if line.startswith("PID "))  # past its log
+    service = psutil.Process(int(pid_line.split()[1]))
+    deadline = time.monotonic() + 30
+    while not log.exists() or not log.read_text().endswith("\n"):
+        assert time.monotonic() < deadline, "the stand-in service never started"
+        time.sleep(0.05)
     # The variable is gone once read: the service's own children are not tied to its parent.
-    assert launcher.stdout.readline().strip() == "None"
+    assert log.read_text() == "None\n"
     launcher.kill()
     launcher.wait()
     service.wait(timeout=10)  # psutil.TimeoutExpired if it outlived its launcher
