@@ -1,15 +1,16 @@
-"""The decoder's projections three ways, by number of rows: x @ W^T, W @ x^T, and
-oneDNN with the weight prepacked.
+"""The decoder's projections four ways, by number of rows: x @ W^T, W @ x^T, oneDNN with
+the weight prepacked, and the native kernel with the weight in panels.
 
-`engine/layers/linear.py` packs fp32 weights for oneDNN where PyTorch can, and otherwise
-multiplies as W @ x^T for few rows; this measures why. The weights of all layers of the
-benchmark model are cycled through, so each multiply reads its weight from memory as it
-does in a real step, not from cache.
+`engine/layers/linear.py` packs fp32 weights in panels for the native kernel, or where
+that does not build, for oneDNN where PyTorch can, and otherwise multiplies as W @ x^T for
+few rows; this measures why. The weights of all layers of the benchmark model are cycled
+through, so each multiply reads its weight from memory as it does in a real step, not
+from cache.
 
     python -m bench.linear [--layers 8 --hidden 512 --intermediate 1408 --kv-heads 4 --threads 2]
 
-Last line: one JSON object, rows -> (x @ W^T seconds) / (W @ x^T seconds) and
-rows -> (x @ W^T seconds) / (packed seconds).
+Last line: one JSON object: for each way but the first, rows -> (x @ W^T seconds) /
+(its seconds); null where a way is unavailable.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.layers import native
 from engine.layers.linear import can_pack, pack_weight, packed_linear
 
 ROWS = (1, 4, 16, 64, 128, 512)
+# One product: (weight, input) -> output; built once per way from the weight.
+Multiply = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _best_of(repeats: int, run: Callable[[], None]) -> float:
@@ -34,6 +38,24 @@ def _best_of(repeats: int, run: Callable[[], None]) -> float:
         run()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def ways(weight: torch.Tensor) -> dict[str, Multiply | None]:
+    """Each way of computing x @ weight^T, None where this build lacks it."""
+    gemm = native.gemm()
+    panels = native.pack_panels(weight) if gemm else None
+    packed = pack_weight(weight) if can_pack(weight) else None
+    out_features = weight.shape[0]
+    return {
+        "x @ W^T": lambda x: F.linear(x, weight),
+        "W @ x^T": lambda x: torch.mm(weight, x.t()),
+        "oneDNN": (lambda x: packed_linear(x, packed)) if packed is not None else None,
+        "panels": (
+            (lambda x: gemm(x, panels, None, out_features))
+            if gemm is not None and panels is not None
+            else None
+        ),
+    }
 
 
 def main() -> None:
@@ -50,48 +72,33 @@ def main() -> None:
     h, i = args.hidden, args.intermediate
     qkv = h + 2 * h // args.heads * args.kv_heads
     shapes = [(qkv, h), (h, h), (2 * i, h), (h, i)]  # qkv, o, gate_up, down
-    layers = [[torch.randn(out, inp) for out, inp in shapes] for _ in range(args.layers)]
-
-    packable = can_pack(layers[0][0])
-    packed_layers = [[pack_weight(w) for w in weights] for weights in layers] if packable else []
-    ratios: dict[int, float] = {}
-    packed_ratios: dict[int, float | None] = {}
-    print(f"{'rows':>5} {'x @ W^T':>10} {'W @ x^T':>10} {'packed':>10} {'ratio':>6} {'ratio':>6}")
+    weights = [torch.randn(out, inp) for _ in range(args.layers) for out, inp in shapes]
+    multiplies = [ways(w) for w in weights]
+    names = list(multiplies[0])
+    ratios: dict[str, dict[int, float | None]] = {name: {} for name in names[1:]}
+    print(f"{'rows':>5}" + "".join(f"{name:>10}" for name in names) + "   (ms; best of repeats)")
     for rows in ROWS:
         inputs = {inp: torch.randn(rows, inp) for _, inp in shapes}
+        seconds: dict[str, float] = {}
+        for name in names:
+            if multiplies[0][name] is None:
+                continue
 
-        def linear(inputs: dict[int, torch.Tensor] = inputs) -> None:
-            for weights in layers:
-                for w in weights:
-                    F.linear(inputs[w.shape[1]], w)
+            def run(name: str = name, inputs: dict[int, torch.Tensor] = inputs) -> None:
+                for weight, way in zip(weights, multiplies, strict=True):
+                    multiply = way[name]
+                    assert multiply is not None
+                    multiply(inputs[weight.shape[1]])
 
-        def streamed(inputs: dict[int, torch.Tensor] = inputs) -> None:
-            for weights in layers:
-                for w in weights:
-                    torch.mm(w, inputs[w.shape[1]].t())
-
-        def packed(inputs: dict[int, torch.Tensor] = inputs) -> None:
-            for weights, packs in zip(layers, packed_layers, strict=True):
-                for w, p in zip(weights, packs, strict=True):
-                    packed_linear(inputs[w.shape[1]], p)
-
-        a, b = _best_of(args.repeats, linear), _best_of(args.repeats, streamed)
-        c = _best_of(args.repeats, packed) if packable else float("nan")
-        ratios[rows] = round(a / b, 2)
-        packed_ratios[rows] = round(a / c, 2) if packable else None  # JSON null
-        print(
-            f"{rows:>5} {1e3 * a:>8.1f}ms {1e3 * b:>8.1f}ms {1e3 * c:>8.1f}ms"
-            f" {a / b:>6.2f} {a / c:>6.2f}"
+            seconds[name] = _best_of(args.repeats, run)
+        baseline = seconds["x @ W^T"]
+        for name in names[1:]:
+            ratios[name][rows] = round(baseline / seconds[name], 2) if name in seconds else None
+        cells = "".join(
+            f"{1e3 * seconds[name]:>10.1f}" if name in seconds else f"{'-':>10}" for name in names
         )
-    print(
-        json.dumps(
-            {
-                "threads": args.threads,
-                "x_wt_over_w_xt": ratios,
-                "x_wt_over_packed": packed_ratios,
-            }
-        )
-    )
+        print(f"{rows:>5}{cells}")
+    print(json.dumps({"threads": args.threads, "x_wt_over": ratios}))
 
 
 if __name__ == "__main__":

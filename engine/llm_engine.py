@@ -78,7 +78,7 @@ class LLMEngine:
     Not thread-safe: call `add_request`, `abort` and `step` from one thread
     (`prepare_request` alone may run elsewhere). `AsyncEngine` wraps it for asyncio.
     With `config.quantization` set, the model's linear layers are quantized in place; the
-    fp32 ones left are packed for oneDNN (`pack_linear_layers`).
+    fp32 ones left are packed for their matrix multiply (`pack_linear_layers`).
     """
 
     def __init__(

@@ -1,8 +1,9 @@
 """Linear and embedding layers that leave their parameters uninitialised: every value
 comes from a checkpoint, so random initialisation would only cost start-up time.
 
-`pack_linear_layers` then hands fp32 linear layers to oneDNN, with each weight reordered
-once into the blocked layout its matrix multiply reads.
+`pack_linear_layers` then reorders each fp32 linear layer's weight once into the layout
+its matrix multiply reads: panels for the native kernel (`PanelLinear`), or, where native
+kernels are unavailable, oneDNN's blocked layout (`PackedLinear`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.layers import native
 
 # Where a weight cannot be packed (`PackedLinear`), W @ x^T streams it row by row; its
 # result is x @ W^T laid out transposed. `python -m bench.linear` measures it 1.2-2.8x
@@ -50,11 +53,32 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class PackedLinear(nn.Module):
-    """`Linear` with its weight held in oneDNN's blocked layout (an opaque tensor).
+class PanelLinear(nn.Module):
+    """`Linear` with its weight held in panels of 16 output features, multiplied by the
+    native `gemm` kernel.
 
-    `python -m bench.linear` measures it against both ways `Linear` multiplies.
+    `python -m bench.linear` measures it against `PackedLinear` and both ways `Linear`
+    multiplies.
     """
+
+    def __init__(self, linear: Linear, gemm: native.GemmKernel) -> None:
+        super().__init__()
+        self.out_features = linear.weight.shape[0]
+        # A buffer, so that the model's size counts it; not saved (its layout is our own).
+        self.panels: torch.Tensor
+        self.register_buffer("panels", native.pack_panels(linear.weight.detach()), persistent=False)
+        self.bias = linear.bias
+        self.gemm = gemm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return self.gemm(rows, self.panels, self.bias, self.out_features).view(
+            *x.shape[:-1], self.out_features
+        )
+
+
+class PackedLinear(nn.Module):
+    """`Linear` with its weight held in oneDNN's blocked layout (an opaque tensor)."""
 
     def __init__(self, linear: Linear) -> None:
         super().__init__()
@@ -67,11 +91,14 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.packed, self.bias)
 
 
+def _is_fp32_cpu(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu"
+
+
 def can_pack(weight: torch.Tensor) -> bool:
     """Whether this build of PyTorch multiplies `weight` through oneDNN with it prepacked."""
     return (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
+        _is_fp32_cpu(weight)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
@@ -90,12 +117,20 @@ def packed_linear(
 
 
 def pack_linear_layers(model: nn.Module) -> int:
-    """Replace the model's fp32 CPU `Linear` layers by `PackedLinear` in place; return how many.
+    """Replace the model's fp32 CPU `Linear` layers in place by `PanelLinear`, or by
+    `PackedLinear` where native kernels are unavailable; return how many.
 
     A layer whose weight another module shares (an LM head tied to the embedding) stays as
     it is: packing it would add a copy of vocabulary x hidden elements.
     """
     shared = shared_weights(model)
+    gemm = native.gemm()
+    if gemm is not None:
+        return replace_linear_layers(
+            model,
+            lambda linear: _is_fp32_cpu(linear.weight) and id(linear.weight) not in shared,
+            lambda linear: PanelLinear(linear, gemm),
+        )
     return replace_linear_layers(
         model,
         lambda linear: can_pack(linear.weight) and id(linear.weight) not in shared,

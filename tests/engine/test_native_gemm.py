@@ -1,0 +1,109 @@
+"""The native matrix multiply of packed linear layers against PyTorch's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.layers import native
+
+GEMM = native.gemm()
+needs_kernel = pytest.mark.skipif(GEMM is None, reason="the native kernels did not build here")
+
+
+def _weights(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    return weight, torch.randn(out_features, generator=generator)
+
+
+def test_panels_hold_sixteen_output_features_each_padded_with_zeros() -> None:
+    weight = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+    panels = native.pack_panels(weight)
+    assert panels.shape == (2, 3, 16)
+    assert torch.equal(panels[0, 2], weight[:16, 2])
+    assert torch.equal(panels[1, 1, :4], weight[16:, 1])
+    assert not panels[1, :, 4:].any()
+
+
+# Rows: one, a tile and a part (6 + 1), past one row block (128); features: a panel and a
+# part; depth: odd, and past one column block (512).
+@needs_kernel
+@pytest.mark.parametrize("rows", [0, 1, 7, 64, 131])
+@pytest.mark.parametrize(("out_features", "in_features"), [(16, 8), (37, 65), (48, 1100)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_product_matches_pytorch(
+    rows: int, out_features: int, in_features: int, bias: bool
+) -> None:
+    assert GEMM is not None
+    weight, b = _weights(out_features, in_features, seed=rows)
+    x = torch.randn(rows, in_features)
+    expected = F.linear(x.double(), weight.double(), b.double() if bias else None)
+    got = GEMM(x, native.pack_panels(weight), b if bias else None, out_features)
+    assert got.shape == (rows, out_features)
+    assert torch.allclose(got.double(), expected, atol=1e-4, rtol=1e-5)
+
+
+@needs_kernel
+def test_a_strided_input_is_read_as_its_values() -> None:
+    assert GEMM is not None
+    weight, _ = _weights(20, 32, seed=1)
+    wide = torch.randn(9, 64)
+    assert torch.allclose(
+        GEMM(wide[:, ::2], native.pack_panels(weight), None, 20),
+        wide[:, ::2] @ weight.t(),
+        atol=1e-5,
+    )
+
+
+@needs_kernel
+def test_each_thread_count_gives_the_same_product() -> None:
+    assert GEMM is not None
+    weight, b = _weights(200, 96, seed=2)
+    panels, x = native.pack_panels(weight), torch.randn(30, 96)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = GEMM(x, panels, b, 200)
+        torch.set_num_threads(3)
+        several = GEMM(x, panels, b, 200)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, several)
+
+
+@needs_kernel
+def test_a_build_without_openmp_computes_the_same(tmp_path: Path) -> None:
+    assert GEMM is not None
+    single = native.load(native._build(["cc"], native.FLAGS, tmp_path)).gemm
+    weight, b = _weights(40, 70, seed=3)
+    panels, x = native.pack_panels(weight), torch.randn(13, 70)
+    assert torch.equal(single(x, panels, b, 40), GEMM(x, panels, b, 40))
+
+
+@needs_kernel
+def test_the_kernel_refuses_inputs_it_would_misread() -> None:
+    assert GEMM is not None
+    weight, b = _weights(20, 8, seed=4)
+    panels, x = native.pack_panels(weight), torch.randn(3, 8)
+    assert GEMM(x, panels, b, 20).shape == (3, 20)
+    bad = [
+        (x.double(), panels, b, 20),
+        (torch.randn(3, 9), panels, b, 20),  # depth differs from the weight's
+        (x, panels, b, 40),  # more features than the panels hold
+        (x, panels.transpose(1, 2), b, 20),
+        (x, panels, b[:10], 20),
+        (x, panels, b.double(), 20),
+        (x.unsqueeze(0), panels, b, 20),
+    ]
+    for args in bad:
+        with pytest.raises(ValueError):
+            GEMM(*args)
+
+
+def test_the_kernels_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOLLGATE_NATIVE_KERNELS", "0")
+    assert native.gemm() is None and native.kernels() is None
