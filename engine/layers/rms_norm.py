@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers import native
+
 
 class RMSNorm(nn.Module):
     def __init__(
@@ -14,7 +16,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual_delta: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, hidden] -> normalised x. With `residual_delta`, x += residual_delta first,
+        in place (x is the residual stream)."""
+        kernels = native.for_tensors(x, residual_delta)
+        if kernels is not None:
+            return kernels.rms_norm(x, self.weight, self.eps, residual_delta)
+        if residual_delta is not None:
+            x += residual_delta
         if x.dtype == torch.float32:
             return torch.nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in fp32 and round before the weight, as the reference implementation does.

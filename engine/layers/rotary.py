@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from engine.config import RopeConfig
+from engine.layers import native
 
 
 def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
@@ -47,16 +50,17 @@ class RotaryEmbedding(nn.Module):
         self._cos = torch.empty(0, head_dim // 2, device="cpu")
         self._sin = torch.empty(0, head_dim // 2, device="cpu")
 
-    def tables(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [T, 1, head_dim // 2] for `positions` [T]."""
+    def rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """What rotates a step's queries and keys, for its `positions` [T]."""
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self._cos.shape[0]:
             self._grow(needed)
+        kernels = native.kernels() if dtype == torch.float32 else None
+        if kernels is not None:
+            return NativeRotation(positions, self._cos, self._sin, kernels.rotary)
         cos = self._cos.index_select(0, positions).to(dtype)
         sin = self._sin.index_select(0, positions).to(dtype)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        return TableRotation(cos.unsqueeze(1), sin.unsqueeze(1))
 
     def _grow(self, needed: int) -> None:
         size = 1 << max(needed - 1, 1).bit_length()
@@ -65,7 +69,35 @@ class RotaryEmbedding(nn.Module):
         self._cos, self._sin = freqs.cos(), freqs.sin()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` [T, heads, head_dim] by position; halves are paired (not interleaved)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+class Rotation(ABC):
+    """Rotates `x` [T, heads, head_dim] by position; halves are paired (not interleaved).
+    Returns the rotated values: `x` itself, rotated in place, or a new tensor."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TableRotation(Rotation):
+    cos: torch.Tensor  # [T, 1, head_dim // 2], one row per position of the step
+    sin: torch.Tensor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * self.cos - x2 * self.sin, x2 * self.cos + x1 * self.sin), dim=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRotation(Rotation):
+    positions: torch.Tensor  # [T]
+    cos: torch.Tensor  # [positions covered, head_dim // 2], the whole table
+    sin: torch.Tensor
+    kernel: native.RotaryKernel
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+            x = x.contiguous()  # laid out transposed (see linear.py): rotate a copy
+        self.kernel(x, self.positions, self.cos, self.sin)
+        return x

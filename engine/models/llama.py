@@ -14,10 +14,11 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.layers import native
 from engine.layers.linear import Embedding, Linear
 from engine.layers.paged_attention import AttentionMetadata, PagedAttention
 from engine.layers.rms_norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.layers.rotary import RotaryEmbedding, Rotation
 
 # Checkpoint projections stored here as slices of one fused matrix: name -> (fused name, slice).
 _FUSED = {
@@ -49,7 +50,7 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rotation: Rotation,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         keep: torch.Tensor | None = None,
@@ -58,7 +59,7 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)
         # Queries and keys sit side by side in qkv: rotate them in one pass.
         qk_width = self.sizes[0] + self.sizes[1]
-        qk = apply_rotary(qkv[:, :qk_width].view(tokens, -1, self.head_dim), *rope)
+        qk = rotation(qkv[:, :qk_width].view(tokens, -1, self.head_dim))
         v = qkv[:, qk_width:].view(tokens, self.num_kv_heads, self.head_dim)
         out = self.attn(qk[:, :heads], qk[:, heads:], v, kv_cache, meta)
         return self.o_proj(out if keep is None else out.index_select(0, keep))
@@ -76,7 +77,11 @@ class LlamaMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        kernels = native.for_tensors(gate_up)
+        if kernels is not None:
+            return self.down_proj(kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 
@@ -91,17 +96,16 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rotation: Rotation,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`keep` limits the output to those rows; every row still writes its key and value."""
-        attended = self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, keep)
+        attended = self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta, keep)
         # In place: the input of a layer is not needed once its residual is updated.
         x = x if keep is None else x.index_select(0, keep)
-        x += attended
-        x += self.mlp(self.post_attention_layernorm(x))
+        x += self.mlp(self.post_attention_layernorm(x, residual_delta=attended))
         return x
 
 
@@ -146,10 +150,10 @@ class LlamaForCausalLM(nn.Module):
         cache, so the last layer computes its attention output and MLP for `keep` alone.
         """
         x = self.model.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions, x.dtype)
+        rotation = self.rotary.rotation(positions, x.dtype)
         last = len(self.model.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
-            x = layer(x, rope, kv_cache, meta, keep if i == last else None)
+            x = layer(x, rotation, kv_cache, meta, keep if i == last else None)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

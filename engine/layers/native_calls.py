@@ -1,0 +1,274 @@
+"""ctypes bindings of the native kernels (`native.py` builds and loads the library): each
+checks what its C function assumes of its tensors, then calls it."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# q, cache, cache is bf16, block tables, context lengths, out, then the sizes (n, kv heads,
+# group, dim, block size, max blocks, slots), scale and threads.
+_DECODE_SIGNATURE: list[type[ctypes.c_void_p | ctypes.c_int | ctypes.c_int64 | ctypes.c_float]] = [
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    *[ctypes.c_int64] * 7,
+    ctypes.c_float,
+    ctypes.c_int,
+]
+
+# x, panels, bias, y, then M, N, K and threads.
+_GEMM_SIGNATURE: list[type[ctypes.c_void_p | ctypes.c_int | ctypes.c_int64]] = [
+    *[ctypes.c_void_p] * 4,
+    *[ctypes.c_int64] * 3,
+    ctypes.c_int,
+]
+
+DecodeKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
+]
+GemmKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+RmsNormKernel = Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor | None], torch.Tensor]
+RotaryKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
+# Output features per panel of a packed weight (NR in gemm.c).
+PANEL_WIDTH = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    paged_decode: DecodeKernel
+    gemm: GemmKernel
+    rms_norm: RmsNormKernel
+    rotary: RotaryKernel
+    silu_mul: SiluMulKernel
+
+
+def bind(library: ctypes.CDLL) -> Kernels:
+    return Kernels(
+        _decode_kernel(library),
+        _gemm_kernel(library),
+        _rms_norm_kernel(library),
+        _rotary_kernel(library),
+        _silu_mul_kernel(library),
+    )
+
+
+def _decode_kernel(library: ctypes.CDLL) -> DecodeKernel:
+    function = library.tollgate_paged_decode
+    function.restype = ctypes.c_int
+    function.argtypes = _DECODE_SIGNATURE
+
+    def paged_decode(
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [n, H, D] float32, kv_cache: [2, KVH, slots, D] float32 or bfloat16,
+        block_tables: [n, max_blocks] int64, context_lens: [n] int64 -> [n, H * D]."""
+        # The kernel trusts its pointers: check what it assumes.
+        if (
+            not supports(q.dtype, kv_cache.dtype)
+            or q.shape[2] != kv_cache.shape[3]
+            or q.shape[1] % kv_cache.shape[1] != 0
+            or not kv_cache.is_contiguous()
+            or block_tables.dtype != torch.long
+            or context_lens.dtype != torch.long
+            or not (block_tables.is_contiguous() and context_lens.is_contiguous())
+            or not block_tables.shape[0] == q.shape[0] == context_lens.shape[0]
+        ):
+            raise ValueError("paged_decode: unexpected dtype, layout or shape")
+        n, heads, dim = q.shape
+        kv_heads, slots = kv_cache.shape[1], kv_cache.shape[2]
+        q = q.contiguous()
+        out = q.new_empty(n, heads * dim)
+        failed = function(
+            q.data_ptr(),
+            kv_cache.data_ptr(),
+            int(kv_cache.dtype == torch.bfloat16),
+            block_tables.data_ptr(),
+            context_lens.data_ptr(),
+            out.data_ptr(),
+            n,
+            kv_heads,
+            heads // kv_heads,
+            dim,
+            block_size,
+            block_tables.shape[1],
+            slots,
+            scale,
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("native decode attention could not allocate its scratch memory")
+        return out
+
+    return paged_decode
+
+
+def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
+    function = library.tollgate_gemm
+    function.restype = None
+    function.argtypes = _GEMM_SIGNATURE
+
+    def gemm(
+        x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int
+    ) -> torch.Tensor:
+        """x: [M, K] float32, panels: [ceil(N / 16), K, 16] float32 (`pack_panels`),
+        bias: [N] or None -> x @ W^T + bias: [M, N]."""
+        in_features = panels.shape[1]
+        if (
+            x.dtype != torch.float32
+            or panels.dtype != torch.float32
+            or x.dim() != 2
+            or x.shape[1] != in_features
+            or tuple(panels.shape) != (-(-out_features // PANEL_WIDTH), in_features, PANEL_WIDTH)
+            or not panels.is_contiguous()
+            or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (out_features,)))
+        ):
+            raise ValueError("gemm: unexpected dtype, layout or shape")
+        x = x.contiguous()
+        out = x.new_empty(x.shape[0], out_features)
+        if bias is not None:
+            bias = bias.contiguous()
+        function(
+            x.data_ptr(),
+            panels.data_ptr(),
+            bias.data_ptr() if bias is not None else None,
+            out.data_ptr(),
+            x.shape[0],
+            out_features,
+            in_features,
+            torch.get_num_threads(),
+        )
+        return out
+
+    return gemm
+
+
+def _rms_norm_kernel(library: ctypes.CDLL) -> RmsNormKernel:
+    function = library.tollgate_rms_norm
+    function.restype = None
+    # x, delta, weight, out, rows, dim, eps, threads
+    function.argtypes = [
+        *[ctypes.c_void_p] * 4,
+        *[ctypes.c_int64] * 2,
+        ctypes.c_float,
+        ctypes.c_int,
+    ]
+
+    def rms_norm(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x: [rows, dim] float32, contiguous -> x / rms(x) * weight. With `delta` (x's
+        shape), x += delta first, in place."""
+        dim = weight.shape[0]
+        if not (
+            x.dtype == weight.dtype == torch.float32
+            and x.dim() == 2
+            and x.shape[1] == dim
+            and x.is_contiguous()
+            and weight.is_contiguous()
+        ) or (
+            delta is not None
+            and not (
+                delta.dtype == torch.float32 and delta.shape == x.shape and delta.is_contiguous()
+            )
+        ):
+            raise ValueError("rms_norm: unexpected dtype, layout or shape")
+        out = torch.empty_like(x)
+        function(
+            x.data_ptr(),
+            delta.data_ptr() if delta is not None else None,
+            weight.data_ptr(),
+            out.data_ptr(),
+            x.shape[0],
+            dim,
+            eps,
+            torch.get_num_threads(),
+        )
+        return out
+
+    return rms_norm
+
+
+def _rotary_kernel(library: ctypes.CDLL) -> RotaryKernel:
+    function = library.tollgate_rotary
+    function.restype = None
+    # x, rows, row stride, heads, head size, positions, cos, sin, threads
+    function.argtypes = [
+        ctypes.c_void_p,
+        *[ctypes.c_int64] * 4,
+        *[ctypes.c_void_p] * 3,
+        ctypes.c_int,
+    ]
+
+    def rotary(
+        x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> None:
+        """Rotates x: [T, heads, D] float32 (any row stride) in place by the angles of
+        `positions` [T] int64, all below len(cos); cos, sin: [*, D / 2] float32."""
+        rows, heads, dim = x.shape
+        if not (
+            x.dtype == cos.dtype == sin.dtype == torch.float32
+            and x.stride(2) == 1
+            and x.stride(1) == dim
+            and dim % 2 == 0
+            and positions.dtype == torch.long
+            and positions.shape == (rows,)
+            and positions.is_contiguous()
+            and cos.shape == sin.shape
+            and cos.shape[1] == dim // 2
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+        ):
+            raise ValueError("rotary: unexpected dtype, layout or shape")
+        function(
+            x.data_ptr(),
+            rows,
+            x.stride(0),
+            heads,
+            dim,
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            torch.get_num_threads(),
+        )
+
+    return rotary
+
+
+def _silu_mul_kernel(library: ctypes.CDLL) -> SiluMulKernel:
+    function = library.tollgate_silu_mul
+    function.restype = None
+    # gate_up, out, rows, width, threads
+    function.argtypes = [*[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 2, ctypes.c_int]
+
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: [rows, 2 * I] float32, contiguous -> silu(gate) * up: [rows, I]."""
+        if not (
+            gate_up.dtype == torch.float32
+            and gate_up.dim() == 2
+            and gate_up.shape[1] % 2 == 0
+            and gate_up.is_contiguous()
+        ):
+            raise ValueError("silu_mul: unexpected dtype, layout or shape")
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty(rows, width)
+        function(gate_up.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
+        return out
+
+    return silu_mul
+
+
+def supports(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and kv_dtype in (torch.float32, torch.bfloat16)

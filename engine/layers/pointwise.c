@@ -1,0 +1,105 @@
+/* Row-wise steps of a decoder layer, each one pass over its rows instead of one PyTorch
+ * operation (and one temporary) per arithmetic step. float32, contiguous rows. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* Below this many elements, starting a thread costs more than it saves. */
+#define ELEMENTS_PER_THREAD 32768
+
+static int team_size(int64_t elements, int threads) {
+    const int64_t useful = elements / ELEMENTS_PER_THREAD;
+    return useful < 1 ? 1 : useful < threads ? (int)useful : threads;
+}
+
+/* x: [rows, dim]; when `delta` is given, x += delta first (the residual update), in place.
+ * out = x / sqrt(mean(x^2) + eps) * weight. */
+void tollgate_rms_norm(float *x, const float *delta, const float *weight, float *out,
+                       int64_t rows, int64_t dim, float eps, int threads) {
+    const int team = team_size(rows * dim, threads);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * dim;
+        float squares = 0.f;
+        if (delta) {
+            const float *add = delta + r * dim;
+            for (int64_t i = 0; i < dim; i++) {
+                row[i] += add[i];
+                squares += row[i] * row[i];
+            }
+        } else {
+            for (int64_t i = 0; i < dim; i++) squares += row[i] * row[i];
+        }
+        const float scale = 1.f / sqrtf(squares / (float)dim + eps);
+        float *dst = out + r * dim;
+        for (int64_t i = 0; i < dim; i++) dst[i] = row[i] * scale * weight[i];
+    }
+}
+
+/* Rotary position embedding, in place. Row t of x holds `heads` vectors of `head_dim`
+ * (queries then keys), starting `stride` floats after row t - 1. Each vector's halves are
+ * rotated by the angles of position positions[t]: cos/sin tables are [*, head_dim / 2]. */
+void tollgate_rotary(float *x, int64_t rows, int64_t stride, int64_t heads, int64_t head_dim,
+                     const int64_t *positions, const float *cos_table, const float *sin_table,
+                     int threads) {
+    const int64_t half = head_dim / 2;
+    const int team = team_size(rows * heads * head_dim, threads);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t t = 0; t < rows; t++) {
+        const float *cos = cos_table + positions[t] * half, *sin = sin_table + positions[t] * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *first = x + t * stride + h * head_dim, *second = first + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = first[i], b = second[i];
+                first[i] = a * cos[i] - b * sin[i];
+                second[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}
+
+/* e^x, 8 at a time: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r by a degree-6
+ * polynomial (relative error about 2e-7 over the range that does not overflow). */
+static inline v8 exp8(v8 x) {
+    const v8 hi = (v8){0} + 88.3762626647949f, lo = (v8){0} - 87.3365447504019f;
+    v8i above = x > hi, below = x < lo;
+    x = (v8)(((v8i)x & ~above) | ((v8i)hi & above));
+    x = (v8)(((v8i)x & ~below) | ((v8i)lo & below));
+    const v8 y = x * 1.44269504088896341f + 0.5f;
+    v8i n = __builtin_convertvector(y, v8i);  /* toward zero */
+    n += __builtin_convertvector(n, v8) > y;  /* floor: true is -1 */
+    const v8 nf = __builtin_convertvector(n, v8);
+    const v8 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    v8 p = (v8){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    return p * (v8)((n + 127) << 23);
+}
+
+/* gate_up: [rows, 2 * width], gate then up in each row -> out: [rows, width] =
+ * silu(gate) * up, silu(g) = g / (1 + e^-g). */
+void tollgate_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width,
+                       int threads) {
+    const int team = team_size(rows * width, threads);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * width, *up = gate + width;
+        float *dst = out + r * width;
+        int64_t i = 0;
+        for (; i + 8 <= width; i += 8) {
+            v8 g, u;
+            memcpy(&g, gate + i, 32);
+            memcpy(&u, up + i, 32);
+            const v8 result = g * u / (1.f + exp8(-g));
+            memcpy(dst + i, &result, 32);
+        }
+        for (; i < width; i++) dst[i] = gate[i] * up[i] / (1.f + expf(-gate[i]));
+    }
+}
