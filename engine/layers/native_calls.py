@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -33,7 +34,19 @@ _GEMM_SIGNATURE: list[type[ctypes.c_void_p | ctypes.c_int | ctypes.c_int64]] = [
 DecodeKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
 ]
-GemmKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
+
+
+class GemmKernel(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        panels: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+        scale: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
 RmsNormKernel = Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor | None], torch.Tensor]
 RotaryKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
@@ -116,31 +129,42 @@ def _decode_kernel(library: ctypes.CDLL) -> DecodeKernel:
 
 
 def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
-    function = library.tollgate_gemm
-    function.restype = None
-    function.argtypes = _GEMM_SIGNATURE
+    dense, int8 = library.tollgate_gemm, library.tollgate_gemm_int8
+    dense.restype = int8.restype = None
+    dense.argtypes = _GEMM_SIGNATURE
+    # x, panels, scale, bias, y, then M, N, K and threads.
+    int8.argtypes = [ctypes.c_void_p, *_GEMM_SIGNATURE]
 
     def gemm(
-        x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int
+        x: torch.Tensor,
+        panels: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_features: int,
+        scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x: [M, K] float32, panels: [ceil(N / 16), K, 16] float32 (`pack_panels`),
-        bias: [N] or None -> x @ W^T + bias: [M, N]."""
+        """x: [M, K] float32, panels: [ceil(N / 16), K, 16] (`pack_panels`) float32, or
+        int8 with `scale` [N] float32, bias: [N] or None -> x @ W^T + bias: [M, N], where
+        W = panels' rows (times `scale`, per output feature)."""
         in_features = panels.shape[1]
+        quantized = panels.dtype == torch.int8
         if (
             x.dtype != torch.float32
-            or panels.dtype != torch.float32
+            or panels.dtype not in (torch.float32, torch.int8)
             or x.dim() != 2
             or x.shape[1] != in_features
             or tuple(panels.shape) != (-(-out_features // PANEL_WIDTH), in_features, PANEL_WIDTH)
             or not panels.is_contiguous()
-            or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (out_features,)))
+            or not _is_vector(bias, out_features)
+            or (quantized != (scale is not None))
+            or not _is_vector(scale, out_features)
         ):
             raise ValueError("gemm: unexpected dtype, layout or shape")
         x = x.contiguous()
         out = x.new_empty(x.shape[0], out_features)
-        if bias is not None:
-            bias = bias.contiguous()
-        function(
+        # Held until the call: a pointer into a freed temporary would be read.
+        bias = bias.contiguous() if bias is not None else None
+        scale = scale.contiguous() if scale is not None else None
+        args = (
             x.data_ptr(),
             panels.data_ptr(),
             bias.data_ptr() if bias is not None else None,
@@ -150,9 +174,18 @@ def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
             in_features,
             torch.get_num_threads(),
         )
+        if scale is None:
+            dense(*args)
+        else:
+            int8(args[0], args[1], scale.data_ptr(), *args[2:])
         return out
 
     return gemm
+
+
+def _is_vector(values: torch.Tensor | None, size: int) -> bool:
+    """Whether `values` is None or float32 of shape [size]."""
+    return values is None or (values.dtype == torch.float32 and values.shape == (size,))
 
 
 def _rms_norm_kernel(library: ctypes.CDLL) -> RmsNormKernel:

@@ -1,8 +1,10 @@
 """Int8 weight-only quantization of linear layers, one scale per output channel.
 
-A forward pass dequantizes the int8 weight a chunk of rows at a time into one buffer
-shared by all layers, small enough to stay in cache: the full-precision weight never
-exists in memory again, and activations keep the model's dtype.
+With the native kernels and fp32 activations, the int8 weight is packed in panels and
+widened in registers by the `gemm` kernel. Otherwise a forward pass dequantizes it a
+chunk of rows at a time into one buffer shared by all layers, small enough to stay in
+cache. Either way the full-precision weight never exists in memory again, and
+activations keep the model's dtype.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import native
 from engine.layers.linear import Linear, replace_linear_layers, shared_weights
 
 # 4 MiB of fp32 per chunk: fewer, larger chunks cost Python overhead less but fall out of cache.
@@ -38,27 +41,43 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: Linear, buffer: DequantBuffer) -> None:
         super().__init__()
         weight = linear.weight.detach().float()
+        out_features, in_features = weight.shape
         # Symmetric per row; an all-zero row keeps a scale of 1 instead of dividing by 0.
         scale = weight.abs().amax(dim=1) / _QMAX
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        qweight = torch.round(weight / scale.unsqueeze(1)).clamp_(-_QMAX, _QMAX)
+        qweight = torch.round(weight / scale.unsqueeze(1)).clamp_(-_QMAX, _QMAX).to(torch.int8)
+        self.out_features = out_features
+        self.gemm = native.gemm() if linear.weight.dtype == torch.float32 else None
+        # One layout or the other: [out, in] rows, or panels for the native kernel.
         self.qweight: torch.Tensor
         self.scale: torch.Tensor
-        self.register_buffer("qweight", qweight.to(torch.int8))
+        self.register_buffer(
+            "qweight", qweight if self.gemm is None else native.pack_panels(qweight)
+        )
         self.register_buffer("scale", scale)
         self.bias = linear.bias
         self.buffer = buffer
-        self.rows_per_chunk = max(1, _CHUNK_ELEMENTS // weight.shape[1])
+        self.rows_per_chunk = max(1, _CHUNK_ELEMENTS // in_features)
+
+    def int8_rows(self) -> torch.Tensor:
+        """The int8 weight as [out, in] rows, whatever the layout it is held in."""
+        if self.qweight.dim() == 2:
+            return self.qweight
+        panels = self.qweight  # [ceil(out / 16), in, 16]
+        return panels.transpose(1, 2).reshape(-1, panels.shape[1])[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out]."""
-        n = self.qweight.shape[0]
+        if self.gemm is not None and x.dtype == torch.float32:
+            return self.gemm(x, self.qweight, self.bias, self.out_features, self.scale)
+        n = self.out_features
+        qweight = self.int8_rows()
         if self.rows_per_chunk >= n:
-            out = F.linear(x, self.buffer.widen(self.qweight))
+            out = F.linear(x, self.buffer.widen(qweight))
         else:
             out = x.new_empty(x.shape[0], n)
             for start in range(0, n, self.rows_per_chunk):
-                rows = self.qweight[start : start + self.rows_per_chunk]
+                rows = qweight[start : start + self.rows_per_chunk]
                 torch.mm(x, self.buffer.widen(rows).T, out=out[:, start : start + rows.shape[0]])
         # x @ (q * s)^T == (x @ q^T) * s: scaling the output is cheaper than each chunk.
         out.mul_(self.scale)

@@ -107,3 +107,30 @@ def test_the_kernel_refuses_inputs_it_would_misread() -> None:
 def test_the_kernels_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOLLGATE_NATIVE_KERNELS", "0")
     assert native.gemm() is None and native.kernels() is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 7, 131])
+def test_int8_panels_multiply_as_their_widened_weight_times_its_scale(rows: int) -> None:
+    assert GEMM is not None
+    generator = torch.Generator().manual_seed(rows)
+    qweight = torch.randint(-127, 128, (37, 1100), generator=generator, dtype=torch.int8)
+    # Weights of about the size a trained layer has: |q * scale| <= 1.27.
+    scale = torch.rand(37, generator=generator) * 0.01
+    bias = torch.randn(37, generator=generator)
+    x = torch.randn(rows, 1100, generator=generator)
+    expected = F.linear(x.double(), qweight.double() * scale.double().unsqueeze(1), bias.double())
+    got = GEMM(x, native.pack_panels(qweight), bias, 37, scale)
+    assert torch.allclose(got.double(), expected, atol=1e-3, rtol=1e-5)
+
+
+@needs_kernel
+def test_int8_panels_need_a_scale_and_float_panels_take_none() -> None:
+    assert GEMM is not None
+    x, weight = torch.randn(2, 8), torch.randn(20, 8)
+    with pytest.raises(ValueError):
+        GEMM(x, native.pack_panels(weight.to(torch.int8)), None, 20)
+    with pytest.raises(ValueError):
+        GEMM(x, native.pack_panels(weight), None, 20, torch.ones(20))
+    with pytest.raises(ValueError):
+        GEMM(x, native.pack_panels(weight.to(torch.int8)), None, 20, torch.ones(19))

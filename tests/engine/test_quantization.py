@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import EngineConfig
+from engine.layers import native
 from engine.layers.linear import Linear
 from engine.layers.quantized import DequantBuffer, Int8Linear, quantize_int8
 from engine.llm_engine import LLMEngine
@@ -26,6 +27,9 @@ from engine.tiny import init_tiny_model
 from tests.engine.helpers import paged_logits
 
 MIN_AGREEMENT = 0.9
+needs_gemm = pytest.mark.skipif(
+    native.gemm() is None, reason="the native kernels did not build here"
+)
 # Prefill, then single-token decode steps, then a chunk that reads a cached prefix.
 CHUNKS = [32, *[1] * 8, 24]
 
@@ -126,16 +130,26 @@ def test_a_tied_lm_head_is_left_unquantized(tmp_path: Path) -> None:
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
-def test_int8_linear_in_chunks_matches_its_dequantized_weight() -> None:
+@pytest.mark.parametrize(
+    "native_kernels",
+    [pytest.param("1", marks=needs_gemm, id="panels"), pytest.param("0", id="chunks")],
+)
+def test_int8_linear_matches_its_dequantized_weight(
+    monkeypatch: pytest.MonkeyPatch, native_kernels: str
+) -> None:
+    monkeypatch.setenv("TOLLGATE_NATIVE_KERNELS", native_kernels)
     # 4096 inputs: a chunk holds 256 rows, so 600 outputs take three chunks.
     linear = Linear(4096, 600, bias=True)
     torch.nn.init.normal_(linear.weight, std=0.02)
     torch.nn.init.normal_(linear.bias)
     layer = Int8Linear(linear, DequantBuffer(torch.float32))
     assert layer.rows_per_chunk < 600
+    assert (layer.gemm is not None) == (native_kernels == "1")
     assert layer.qweight.dtype == torch.int8
+    # Held once, in one layout: int8 is what it saves.
+    assert layer.qweight.numel() == 600 * 4096 + (-600 % 16) * 4096 * (native_kernels == "1")
     x = torch.randn(5, 4096)
-    dequantized = layer.qweight.float() * layer.scale.unsqueeze(1)
+    dequantized = layer.int8_rows().float() * layer.scale.unsqueeze(1)
     torch.testing.assert_close(layer(x), F.linear(x, dequantized, linear.bias))
     # Per-row rounding error is at most half a step of that row's scale.
     assert ((dequantized - linear.weight).abs() <= layer.scale.unsqueeze(1) / 2 + 1e-7).all()
