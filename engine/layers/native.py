@@ -159,10 +159,15 @@ def kernels() -> Kernels | None:
 
 
 def for_tensors(*tensors: torch.Tensor | None) -> Kernels | None:
-    """The native kernels, when they are on and each tensor given is contiguous float32."""
-    if all(t is None or (t.dtype == torch.float32 and t.is_contiguous()) for t in tensors):
+    """The native kernels, when they are on and each tensor given is contiguous float32 in
+    CPU memory."""
+    if all(t is None or _is_plain_cpu_float(t) for t in tensors):
         return kernels()
     return None
+
+
+def _is_plain_cpu_float(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
 
 
 def paged_decode() -> DecodeKernel | None:

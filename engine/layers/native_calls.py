@@ -160,6 +160,8 @@ def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
         ):
             raise ValueError("gemm: unexpected dtype, layout or shape")
         x = x.contiguous()
+        if in_features == 0:  # an empty sum: the loops below would write nothing
+            return x.new_zeros(x.shape[0], out_features) + (0 if bias is None else bias)
         out = x.new_empty(x.shape[0], out_features)
         # Held until the call: a pointer into a freed temporary would be read.
         bias = bias.contiguous() if bias is not None else None
@@ -265,6 +267,8 @@ def _rotary_kernel(library: ctypes.CDLL) -> RotaryKernel:
             and sin.is_contiguous()
         ):
             raise ValueError("rotary: unexpected dtype, layout or shape")
+        if rows and not (0 <= int(positions.min()) and int(positions.max()) < cos.shape[0]):
+            raise ValueError("rotary: a position lies outside the cos/sin tables")
         function(
             x.data_ptr(),
             rows,

@@ -97,9 +97,12 @@ void tollgate_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t w
             v8 g, u;
             memcpy(&g, gate + i, 32);
             memcpy(&u, up + i, 32);
-            const v8 result = g * u / (1.f + exp8(-g));
+            /* Below -88, e^-g overflows float (exp8 saturates): silu(g) rounds to 0. */
+            const v8i vanishing = g < -88.f;
+            const v8 silu = (v8)((v8i)(g / (1.f + exp8(-g))) & ~vanishing);
+            const v8 result = silu * u;
             memcpy(dst + i, &result, 32);
         }
-        for (; i < width; i++) dst[i] = gate[i] * up[i] / (1.f + expf(-gate[i]));
+        for (; i < width; i++) dst[i] = gate[i] < -88.f ? 0.f : gate[i] / (1.f + expf(-gate[i])) * up[i];
     }
 }

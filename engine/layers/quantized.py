@@ -47,7 +47,8 @@ class Int8Linear(nn.Module):
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         qweight = torch.round(weight / scale.unsqueeze(1)).clamp_(-_QMAX, _QMAX).to(torch.int8)
         self.out_features = out_features
-        self.gemm = native.gemm() if linear.weight.dtype == torch.float32 else None
+        kernels = native.for_tensors(linear.weight.detach())
+        self.gemm = kernels.gemm if kernels else None
         # One layout or the other: [out, in] rows, or panels for the native kernel.
         self.qweight: torch.Tensor
         self.scale: torch.Tensor

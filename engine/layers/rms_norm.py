@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual_delta: torch.Tensor | None = None) -> torch.Tensor:
         """x: [T, hidden] -> normalised x. With `residual_delta`, x += residual_delta first,
         in place (x is the residual stream)."""
-        kernels = native.for_tensors(x, residual_delta)
+        kernels = native.for_tensors(x, residual_delta, self.weight) if x.dim() == 2 else None
         if kernels is not None:
             return kernels.rms_norm(x, self.weight, self.eps, residual_delta)
         if residual_delta is not None:

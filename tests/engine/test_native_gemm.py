@@ -95,6 +95,7 @@ def test_the_kernel_refuses_inputs_it_would_misread() -> None:
         (torch.randn(3, 9), panels, b, 20),  # depth differs from the weight's
         (x, panels, b, 40),  # more features than the panels hold
         (x, panels.transpose(1, 2), b, 20),
+        (x, native.pack_panels(torch.randn(20, 16))[:, ::2], b, 20),  # the right shape, strided
         (x, panels, b[:10], 20),
         (x, panels, b.double(), 20),
         (x.unsqueeze(0), panels, b, 20),
@@ -134,3 +135,11 @@ def test_int8_panels_need_a_scale_and_float_panels_take_none() -> None:
         GEMM(x, native.pack_panels(weight), None, 20, torch.ones(20))
     with pytest.raises(ValueError):
         GEMM(x, native.pack_panels(weight.to(torch.int8)), None, 20, torch.ones(19))
+
+
+@needs_kernel
+def test_a_product_over_no_inputs_is_the_bias() -> None:
+    assert GEMM is not None
+    bias = torch.randn(20)
+    got = GEMM(torch.empty(3, 0), native.pack_panels(torch.empty(20, 0)), bias, 20)
+    assert torch.equal(got, bias.expand(3, 20))

@@ -99,9 +99,12 @@ def test_silu_mul_matches_pytorch(width: int) -> None:
 @needs_kernels
 def test_silu_mul_saturates_where_the_exponential_overflows() -> None:
     assert KERNELS is not None
-    gate = torch.tensor([-1000.0, -90.0, 90.0, 1000.0, float("inf")] * 2)
-    got = KERNELS.silu_mul(torch.cat([gate, torch.ones_like(gate)]).view(1, -1))[0]
-    assert torch.allclose(got, F.silu(gate), atol=1e-30)
+    # 13 columns: 8 through the vector code, 5 through the scalar tail.
+    gate = torch.tensor([-1e37, -1000.0, -90.0, -88.5, 90.0, 1000.0, float("inf"), 3.0] * 2)[:13]
+    up = torch.full_like(gate, 1e30)
+    got = KERNELS.silu_mul(torch.cat([gate, up]).view(1, -1))[0]
+    assert torch.equal(got[:4], torch.zeros(4)) and torch.equal(got[8:12], torch.zeros(4))
+    assert torch.allclose(got.double(), F.silu(gate.double()) * up.double(), rtol=1e-6, atol=1e-6)
 
 
 @needs_kernels
@@ -123,6 +126,13 @@ def test_the_kernels_refuse_inputs_they_would_misread() -> None:
         ),
         lambda: KERNELS.rotary(
             torch.randn(2, 3, 8), torch.arange(2), torch.ones(4, 3), torch.ones(4, 3)
+        ),
+        # Positions past the tables, or before them: read out of bounds.
+        lambda: KERNELS.rotary(
+            torch.randn(2, 3, 8), torch.tensor([0, 4]), torch.ones(4, 4), torch.ones(4, 4)
+        ),
+        lambda: KERNELS.rotary(
+            torch.randn(2, 3, 8), torch.tensor([-1, 2]), torch.ones(4, 4), torch.ones(4, 4)
         ),
     ]
     for call in bad_calls:
