@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
+from engine import huge_pages
 from engine.batch_inputs import AttentionShape, build_inputs
 from engine.batcher import StepPlan
 from engine.config import ModelConfig
@@ -39,7 +40,7 @@ class ModelRunner:
         slots = num_blocks * block_size
         # One tensor per layer: [2 (keys, values), KVH, slots, D].
         self.kv_caches = [
-            torch.zeros(2, cfg.num_kv_heads, slots, cfg.head_dim, dtype=kv_dtype or dtype)
+            huge_pages.zeros(2, cfg.num_kv_heads, slots, cfg.head_dim, dtype=kv_dtype or dtype)
             for _ in range(cfg.num_layers)
         ]
         self.workspace = Workspace(dtype)
