@@ -91,14 +91,11 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.packed, self.bias)
 
 
-def _is_fp32_cpu(weight: torch.Tensor) -> bool:
-    return weight.dtype == torch.float32 and weight.device.type == "cpu"
-
-
 def can_pack(weight: torch.Tensor) -> bool:
     """Whether this build of PyTorch multiplies `weight` through oneDNN with it prepacked."""
     return (
-        _is_fp32_cpu(weight)
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
@@ -128,7 +125,10 @@ def pack_linear_layers(model: nn.Module) -> int:
     if gemm is not None:
         return replace_linear_layers(
             model,
-            lambda linear: _is_fp32_cpu(linear.weight) and id(linear.weight) not in shared,
+            lambda linear: (
+                native.for_tensors(linear.weight.detach()) is not None
+                and id(linear.weight) not in shared
+            ),
             lambda linear: PanelLinear(linear, gemm),
         )
     return replace_linear_layers(
