@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.batcher import ScheduledChunk, StepPlan
-from engine.layers.native import DecodeKernel
+from engine.layers.native import DecodeKernel, PrefillKernel
 from engine.layers.paged_attention import (
     AttentionMetadata,
     DecodeBatch,
@@ -46,6 +46,7 @@ def build_inputs(
     shape: AttentionShape,
     workspace: Workspace,
     decode_kernel: DecodeKernel | None = None,
+    prefill_kernel: PrefillKernel | None = None,
 ) -> BatchInputs:
     decodes = sorted(
         (c for c in plan.chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
@@ -79,6 +80,7 @@ def build_inputs(
         decode_groups=() if batch else tuple(_decode_groups(decodes, shape, workspace.dtype)),
         prefills=tuple(spans),
         workspace=workspace,
+        prefill_kernel=prefill_kernel,
     )
     return BatchInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.long),

@@ -46,13 +46,20 @@ class ModelRunner:
         self.workspace = Workspace(dtype)
         kv_dtype = self.kv_caches[0].dtype
         self.decode_kernel = native.paged_decode() if native.supports(dtype, kv_dtype) else None
+        self.prefill_kernel = (
+            native.prefill_attention()
+            if native.supports_prefill(dtype, kv_dtype, cfg.head_dim)
+            else None
+        )
 
     @torch.inference_mode()
     def execute(
         self, plan: StepPlan, generators: Mapping[str, torch.Generator]
     ) -> list[tuple[Sequence, int]]:
         """Compute the plan's tokens; return (sequence, new token) for each chunk that samples."""
-        inputs = build_inputs(plan, self.shape, self.workspace, self.decode_kernel)
+        inputs = build_inputs(
+            plan, self.shape, self.workspace, self.decode_kernel, self.prefill_kernel
+        )
         hidden = self.model(
             inputs.input_ids,
             inputs.positions,

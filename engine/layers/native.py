@@ -3,6 +3,8 @@
 * `paged_decode` (`paged_decode.c`): decode attention that reads each sequence's keys and
   values where they lie in the paged cache; the PyTorch path copies them into a padded
   batch first.
+* `prefill_attention` (`prefill_attention.c`): causal attention of a prompt chunk over
+  its sequence's cached positions, with the matrix multiply's register tiles.
 * `gemm` (`gemm.c`): the matrix multiply of linear layers whose weights are packed in
   panels (`engine.layers.linear.PanelLinear`).
 * `rms_norm`, `rotary` and `silu_mul` (`pointwise.c`): RMS norm (with the residual add
@@ -35,17 +37,20 @@ from engine.layers.native_calls import (
     DecodeKernel,
     GemmKernel,
     Kernels,
+    PrefillKernel,
     RmsNormKernel,
     RotaryKernel,
     SiluMulKernel,
     bind,
     supports,
+    supports_prefill,
 )
 
 __all__ = [
     "DecodeKernel",
     "GemmKernel",
     "Kernels",
+    "PrefillKernel",
     "RmsNormKernel",
     "RotaryKernel",
     "SiluMulKernel",
@@ -57,14 +62,19 @@ __all__ = [
     "load",
     "pack_panels",
     "paged_decode",
+    "prefill_attention",
     "supports",
+    "supports_prefill",
 ]
 
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("paged_decode.c", "gemm.c", "pointwise.c")
+    Path(__file__).with_name(name)
+    for name in ("paged_decode.c", "prefill_attention.c", "gemm.c", "pointwise.c")
 )
+# Included by the sources: part of what a cached library was built from.
+HEADERS = (Path(__file__).with_name("simd.h"),)
 # Reassociation lets the compiler vectorize the dot products. Not -ffast-math: linked into
 # a shared library it flushes subnormal floats to zero for the whole process on loading.
 FLAGS = (
@@ -115,7 +125,7 @@ def _build(command: list[str], flags: tuple[str, ...], directory: Path) -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                *(source.read_bytes() for source in SOURCES),
+                *(source.read_bytes() for source in SOURCES + HEADERS),
                 " ".join(command + list(flags)).encode(),
                 _cpu_identity(),
             ]
@@ -174,6 +184,12 @@ def paged_decode() -> DecodeKernel | None:
     """The decode kernel for this process, or None when native kernels are off or unavailable."""
     built = kernels()
     return built.paged_decode if built else None
+
+
+def prefill_attention() -> PrefillKernel | None:
+    """The prefill attention kernel, or None when native kernels are off or unavailable."""
+    built = kernels()
+    return built.prefill_attention if built else None
 
 
 def gemm() -> GemmKernel | None:

@@ -47,16 +47,22 @@ class GemmKernel(Protocol):
     ) -> torch.Tensor: ...
 
 
+# q, kv_cache, block_index, context_len, block_size, scale, out
+PrefillKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, int, int, float, torch.Tensor], None
+]
+
 RmsNormKernel = Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor | None], torch.Tensor]
 RotaryKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
-# Output features per panel of a packed weight (NR in gemm.c).
+# Output features per panel of a packed weight (NR in simd.h).
 PANEL_WIDTH = 16
 
 
 @dataclass(frozen=True, slots=True)
 class Kernels:
     paged_decode: DecodeKernel
+    prefill_attention: PrefillKernel
     gemm: GemmKernel
     rms_norm: RmsNormKernel
     rotary: RotaryKernel
@@ -66,6 +72,7 @@ class Kernels:
 def bind(library: ctypes.CDLL) -> Kernels:
     return Kernels(
         _decode_kernel(library),
+        _prefill_kernel(library),
         _gemm_kernel(library),
         _rms_norm_kernel(library),
         _rotary_kernel(library),
@@ -126,6 +133,79 @@ def _decode_kernel(library: ctypes.CDLL) -> DecodeKernel:
         return out
 
     return paged_decode
+
+
+def _prefill_kernel(library: ctypes.CDLL) -> PrefillKernel:
+    function = library.tollgate_prefill_attention
+    function.restype = ctypes.c_int
+    # q, q row stride, cache, blocks, out, out row stride, then the sizes (queries,
+    # context, heads, kv heads, dim, block size, slots), scale and threads.
+    function.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        *[ctypes.c_void_p] * 3,
+        *[ctypes.c_int64] * 8,
+        ctypes.c_float,
+        ctypes.c_int,
+    ]
+
+    def prefill_attention(
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_index: torch.Tensor,
+        context_len: int,
+        block_size: int,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Causal attention of a sequence's last n positions over its first `context_len`,
+        whose keys and values are in the cache: q: [n, H, D] float32 (any row stride),
+        kv_cache: [2, KVH, slots, D] float32, block_index: the sequence's block ids (int64),
+        out: [n, H * D] float32 (any row stride), written."""
+        n, heads, dim = q.shape
+        kv_heads, slots = kv_cache.shape[1], kv_cache.shape[2]
+        needed = -(-context_len // block_size)
+        if not (
+            q.dtype == kv_cache.dtype == out.dtype == torch.float32
+            and q.stride(2) == 1
+            and q.stride(1) == dim
+            and dim % PANEL_WIDTH == 0
+            and kv_cache.shape[3] == dim
+            and kv_cache.is_contiguous()
+            and heads % kv_heads == 0
+            and out.shape == (n, heads * dim)
+            and out.stride(1) == 1
+            and block_index.dtype == torch.long
+            and block_index.dim() == 1
+            and block_index.is_contiguous()
+            and block_index.shape[0] >= needed
+            and 0 <= n <= context_len
+        ):
+            raise ValueError("prefill_attention: unexpected dtype, layout or shape")
+        used = block_index[:needed]
+        if needed and not (0 <= int(used.min()) and int(used.max()) < slots // block_size):
+            raise ValueError("prefill_attention: a block id lies outside the cache")
+        failed = function(
+            q.data_ptr(),
+            q.stride(0),
+            kv_cache.data_ptr(),
+            block_index.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            n,
+            context_len,
+            heads,
+            kv_heads,
+            dim,
+            block_size,
+            slots,
+            scale,
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("native prefill attention could not allocate its scratch memory")
+
+    return prefill_attention
 
 
 def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
@@ -308,4 +388,11 @@ def _silu_mul_kernel(library: ctypes.CDLL) -> SiluMulKernel:
 
 
 def supports(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether the decode kernel takes this model dtype and KV cache dtype."""
     return dtype == torch.float32 and kv_dtype in (torch.float32, torch.bfloat16)
+
+
+def supports_prefill(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the prefill kernel takes them: it reads the chunk's own keys back from the
+    cache, so a narrower cache would round them (the PyTorch path keeps them exact)."""
+    return dtype == kv_dtype == torch.float32 and head_dim % PANEL_WIDTH == 0

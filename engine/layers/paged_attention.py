@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.native import DecodeKernel
+from engine.layers.native import DecodeKernel, PrefillKernel
 
 
 class Workspace:
@@ -77,6 +77,8 @@ class AttentionMetadata:
     decode_groups: tuple[DecodeGroup, ...]  # else the decodes, computed here
     prefills: tuple[PrefillSpan, ...]
     workspace: Workspace
+    # Computes the prefills from the cache when given (and their queries are rows of heads).
+    prefill_kernel: PrefillKernel | None = None
 
 
 class PagedAttention(nn.Module):
@@ -119,9 +121,21 @@ class PagedAttention(nn.Module):
             out[group.token_start : end] = self._decode(
                 q[group.token_start : end], kv_cache, group, meta.workspace
             )
+        native_prefill = meta.prefill_kernel if _rows_of_heads(q) else None
         for span in meta.prefills:
             end = span.token_start + span.num_query
             rows = slice(span.token_start, end)
+            if native_prefill is not None:
+                native_prefill(
+                    q[rows],
+                    kv_cache,
+                    span.block_index,
+                    span.context_len,
+                    self.block_size,
+                    self.scale,
+                    out[rows],
+                )
+                continue
             # Projections of small batches come laid out transposed (see linear.py); the
             # fused CPU attention kernel wants rows, else a slower path is taken.
             out[rows] = self._prefill(
@@ -200,3 +214,8 @@ class PagedAttention(nn.Module):
                 enable_gqa=self.group_size > 1,
             )
         return out[0].transpose(0, 1).reshape(span.num_query, self.num_heads * self.head_dim)
+
+
+def _rows_of_heads(x: torch.Tensor) -> bool:
+    """Whether x: [T, heads, D] holds each token's heads side by side (any row stride)."""
+    return x.stride(2) == 1 and x.stride(1) == x.shape[2]

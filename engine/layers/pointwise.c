@@ -4,8 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+#include "simd.h"
 
 /* Below this many elements, starting a thread costs more than it saves. */
 #define ELEMENTS_PER_THREAD 32768
@@ -59,28 +58,6 @@ void tollgate_rotary(float *x, int64_t rows, int64_t stride, int64_t heads, int6
             }
         }
     }
-}
-
-/* e^x, 8 at a time: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r by a degree-6
- * polynomial (relative error about 2e-7 over the range that does not overflow). */
-static inline v8 exp8(v8 x) {
-    const v8 hi = (v8){0} + 88.3762626647949f, lo = (v8){0} - 87.3365447504019f;
-    v8i above = x > hi, below = x < lo;
-    x = (v8)(((v8i)x & ~above) | ((v8i)hi & above));
-    x = (v8)(((v8i)x & ~below) | ((v8i)lo & below));
-    const v8 y = x * 1.44269504088896341f + 0.5f;
-    v8i n = __builtin_convertvector(y, v8i);  /* toward zero */
-    n += __builtin_convertvector(n, v8) > y;  /* floor: true is -1 */
-    const v8 nf = __builtin_convertvector(n, v8);
-    const v8 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-    v8 p = (v8){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    return p * (v8)((n + 127) << 23);
 }
 
 /* gate_up: [rows, 2 * width], gate then up in each row -> out: [rows, width] =

@@ -1,0 +1,107 @@
+/* What the kernels share: 8-float vectors, the register tiles of a matrix multiply over
+ * weights packed in panels of 16 columns, and a vectorized exponential. */
+#ifndef TOLLGATE_SIMD_H
+#define TOLLGATE_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* v8 at any float's address */
+typedef int8_t v8c __attribute__((vector_size(8), aligned(1)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+#define NR 16 /* columns per panel: two vectors of 8 */
+#define MR 6  /* rows of x per tile: 12 sums, 2 weight vectors and 1 input in 16 registers */
+
+/* 8 int8 weights at p as floats. Written generically, GCC widens one element at a time. */
+static inline v8 widen(const int8_t *p) {
+#ifdef __AVX2__
+    return (v8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    return __builtin_convertvector(__builtin_convertvector(*(const v8c *)p, v8i), v8);
+#endif
+}
+
+/* The weights of panel row k as two vectors of 8 floats. */
+#define LOAD_FLOAT(panel, k, w0, w1)                                                           \
+    const v8 w0 = ((const v8u *)(panel))[2 * (k)], w1 = ((const v8u *)(panel))[2 * (k) + 1]
+#define LOAD_INT8(panel, k, w0, w1)                                                            \
+    const v8 w0 = widen((const int8_t *)(panel) + 16 * (k)),                                   \
+             w1 = widen((const int8_t *)(panel) + 16 * (k) + 8)
+
+/* y[R, 16] = x[R, depth] . panel[depth, 16]: the tile's sums stay in registers while it walks
+ * `depth`. The sums are added into y (or stored, when `first`), then multiplied by `scale`
+ * and `bias` added, each when given. Rows of x and y are ldx and ldy floats apart. */
+#define DEFINE_TILE(NAME, R, LOAD)                                                             \
+    static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel, float *y,   \
+                     int64_t ldy, int first, const float *scale, const float *bias) {          \
+        v8 sums[R][2];                                                                         \
+        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) sums[m][0] = sums[m][1] = (v8){0}; \
+        for (int64_t k = 0; k < depth; k++) {                                                  \
+            LOAD(panel, k, w0, w1);                                                            \
+            _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                              \
+                const v8 a = (v8){0} + x[m * ldx + k];                                         \
+                sums[m][0] += a * w0;                                                          \
+                sums[m][1] += a * w1;                                                          \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                                  \
+            float *row = y + m * ldy;                                                          \
+            v8 lo = sums[m][0], hi = sums[m][1], other;                                        \
+            if (!first) {                                                                      \
+                memcpy(&other, row, 32), lo += other;                                          \
+                memcpy(&other, row + 8, 32), hi += other;                                      \
+            }                                                                                  \
+            if (scale) {                                                                       \
+                memcpy(&other, scale, 32), lo *= other;                                        \
+                memcpy(&other, scale + 8, 32), hi *= other;                                    \
+            }                                                                                  \
+            if (bias) {                                                                        \
+                memcpy(&other, bias, 32), lo += other;                                         \
+                memcpy(&other, bias + 8, 32), hi += other;                                     \
+            }                                                                                  \
+            memcpy(row, &lo, 32);                                                              \
+            memcpy(row + 8, &hi, 32);                                                          \
+        }                                                                                      \
+    }
+
+/* Tiles of 1 to MR rows, NAME_1 .. NAME_6, and a table of them by row count. */
+#define DEFINE_TILES(NAME, LOAD)                                                               \
+    DEFINE_TILE(NAME##_1, 1, LOAD)                                                             \
+    DEFINE_TILE(NAME##_2, 2, LOAD)                                                             \
+    DEFINE_TILE(NAME##_3, 3, LOAD)                                                             \
+    DEFINE_TILE(NAME##_4, 4, LOAD)                                                             \
+    DEFINE_TILE(NAME##_5, 5, LOAD)                                                             \
+    DEFINE_TILE(NAME##_6, 6, LOAD)
+
+typedef void (*TileFn)(int64_t, const float *, int64_t, const void *, float *, int64_t, int,
+                       const float *, const float *);
+
+#define TILE_TABLE(NAME) {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6}
+
+/* e^x, 8 at a time: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r by a degree-6
+ * polynomial (relative error about 2e-7 over the range that does not overflow). */
+static inline v8 exp8(v8 x) {
+    const v8 hi = (v8){0} + 88.3762626647949f, lo = (v8){0} - 87.3365447504019f;
+    v8i above = x > hi, below = x < lo;
+    x = (v8)(((v8i)x & ~above) | ((v8i)hi & above));
+    x = (v8)(((v8i)x & ~below) | ((v8i)lo & below));
+    const v8 y = x * 1.44269504088896341f + 0.5f;
+    v8i n = __builtin_convertvector(y, v8i);  /* toward zero */
+    n += __builtin_convertvector(n, v8) > y;  /* floor: true is -1 */
+    const v8 nf = __builtin_convertvector(n, v8);
+    const v8 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    v8 p = (v8){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    return p * (v8)((n + 127) << 23);
+}
+
+#endif
