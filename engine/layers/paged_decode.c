@@ -3,8 +3,8 @@
  * One query token per sequence. Each (sequence, KV head) pair is one work item: its
  * `group` query heads score every cached position of the sequence, block by block, then
  * sum the values under the softmax. Keys and values are read once, where they lie, with
- * no gathered copy; the next block is prefetched while one is read. Common head sizes get
- * code compiled for that size.
+ * no gathered copy; the next block is prefetched row by row while one is read. Common head
+ * sizes get code compiled for that size.
  *
  * Cache layout: [2 (keys, values), kv_heads, slots, dim]; slot = block * block_size + offset.
  * Queries and output: [n, kv_heads * group, dim], float32. The cache is float32 or bfloat16.
@@ -49,13 +49,14 @@ static inline const float *cache_row(const Job *job, int64_t head, int64_t slot,
     return scratch;
 }
 
-static inline void prefetch_block(const Job *job, int64_t head, int64_t block, int values,
-                                  int64_t dim) {
+/* Prefetches row `slot` of `head` while another row is read: one row of the next block per
+ * row of the current one, so the next block's lines are asked for evenly, not in a burst of
+ * 64 at the start of each block. */
+static inline void prefetch_row(const Job *job, int64_t head, int64_t slot, int values,
+                                int64_t dim) {
     const int64_t element = job->bf16 ? 2 : 4;
-    const char *start = (const char *)job->cache +
-                        row_offset(job, head, block * job->block_size, values, dim) * element;
-    for (int64_t byte = 0; byte < job->block_size * dim * element; byte += CACHE_LINE)
-        __builtin_prefetch(start + byte);
+    const char *start = (const char *)job->cache + row_offset(job, head, slot, values, dim) * element;
+    for (int64_t byte = 0; byte < dim * element; byte += CACHE_LINE) __builtin_prefetch(start + byte);
 }
 
 static inline void softmax_rows(float *scores, int64_t rows, int64_t len) {
@@ -86,11 +87,15 @@ static inline __attribute__((always_inline)) void attend(const Job *job, int64_t
 
     for (int values = 0; values < 2; values++) {
         for (int64_t b = 0; b < blocks; b++) {
-            if (b + 1 < blocks) prefetch_block(job, head, table[b + 1], values, dim);
+            /* What is read next: the following block, or after the last block of keys the
+             * first block of values. */
+            const int last = b + 1 == blocks, ahead = !last || !values;
+            const int64_t next = last ? table[0] : table[b + 1];
             const int64_t end = (b + 1) * bs < len ? (b + 1) * bs : len;
             for (int64_t t = b * bs; t < end; t++) {
-                const float *row =
-                    cache_row(job, head, table[b] * bs + t - b * bs, values, dim, scratch);
+                const int64_t offset = t - b * bs;
+                if (ahead) prefetch_row(job, head, next * bs + offset, values || last, dim);
+                const float *row = cache_row(job, head, table[b] * bs + offset, values, dim, scratch);
                 for (int64_t j = 0; j < g; j++) {
                     if (values) {
                         const float p = scores[j * len + t];
