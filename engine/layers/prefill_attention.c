@@ -14,9 +14,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "simd.h"
 
@@ -135,9 +132,10 @@ int tollgate_prefill_attention(const float *q, int64_t ldq, const float *cache,
     if (dim % NR != 0) return 2;
     if (num_query <= 0) return 0;
     const int64_t padded = (context_len + NR - 1) / NR * NR;
-    Job job = {q,     ldq,         cache, blocks,   out,        ldo,   num_query,
-               context_len, heads, kv_heads, dim,   block_size, slots, scale,
-               padded, NULL,       NULL};
+    Job job = {.q = q, .ldq = ldq, .cache = cache, .blocks = blocks, .out = out, .ldo = ldo,
+               .num_query = num_query, .context_len = context_len, .heads = heads,
+               .kv_heads = kv_heads, .dim = dim, .block_size = block_size, .slots = slots,
+               .scale = scale, .padded = padded};
     job.keys = malloc(sizeof(float) * (size_t)(kv_heads * padded * dim));
     job.values = malloc(sizeof(float) * (size_t)(kv_heads * context_len * dim));
     if (!job.keys || !job.values) {
