@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
+
 /* Below this many cached rows per step, starting a thread costs more than it saves. */
 #define ROWS_PER_THREAD 16384
 #define CACHE_LINE 64
@@ -62,14 +64,7 @@ static inline void prefetch_row(const Job *job, int64_t head, int64_t slot, int 
 static inline void softmax_rows(float *scores, int64_t rows, int64_t len) {
     for (int64_t j = 0; j < rows; j++) {
         float *s = scores + j * len;
-        float top = s[0];
-        for (int64_t t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
-        float total = 0.f;
-        for (int64_t t = 0; t < len; t++) {
-            s[t] = expf(s[t] - top);
-            total += s[t];
-        }
-        const float inv = 1.f / total;
+        const float inv = 1.f / exp_minus(s, len, max_of(s, len));
         for (int64_t t = 0; t < len; t++) s[t] *= inv;
     }
 }

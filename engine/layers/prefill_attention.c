@@ -65,36 +65,7 @@ static void pack_panel(const Job *job, int64_t head, int64_t p) {
 /* e^(s - max s) for scores[0 .. seen), zeroing scores[seen .. width); returns 1 / their sum,
  * which the row's output is multiplied by: the softmax is never stored. */
 static float softmax_row(float *scores, int64_t seen, int64_t width) {
-    const int64_t whole = seen / 8 * 8;
-    v8 tops = (v8){0} + scores[0];
-    for (int64_t t = 0; t < whole; t += 8) {
-        v8 s;
-        memcpy(&s, scores + t, 32);
-        const v8i greater = s > tops;
-        tops = (v8)(((v8i)s & greater) | ((v8i)tops & ~greater));
-    }
-    float top = tops[0];
-    for (int i = 1; i < 8; i++) top = tops[i] > top ? tops[i] : top;
-    for (int64_t t = whole; t < seen; t++) top = scores[t] > top ? scores[t] : top;
-    /* The tail as one vector, padded with e^-inf = 0 past `seen`. */
-    v8 tail = (v8){0} - __builtin_inff();
-    for (int64_t t = whole; t < seen; t++) tail[t - whole] = scores[t];
-    v8 totals = (v8){0};
-    for (int64_t t = 0; t < whole; t += 8) {
-        v8 s;
-        memcpy(&s, scores + t, 32);
-        s = exp8(s - top);
-        totals += s;
-        memcpy(scores + t, &s, 32);
-    }
-    tail = seen > whole ? exp8(tail - top) : (v8){0};
-    v8i live = {0};
-    for (int i = 0; i < 8; i++) live[i] = whole + i < seen ? -1 : 0;
-    tail = (v8)((v8i)tail & live);
-    totals += tail;
-    float total = 0.f;
-    for (int i = 0; i < 8; i++) total += totals[i];
-    for (int64_t t = whole; t < seen; t++) scores[t] = tail[t - whole];
+    const float total = exp_minus(scores, seen, max_of(scores, seen));
     for (int64_t t = seen; t < width; t++) scores[t] = 0.f;
     return 1.f / total;
 }

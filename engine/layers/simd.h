@@ -104,4 +104,45 @@ static inline v8 exp8(v8 x) {
     return p * (v8)((n + 127) << 23);
 }
 
+/* The largest of s[0 .. n), n >= 1. */
+static inline float max_of(const float *s, int64_t n) {
+    const int64_t whole = n / 8 * 8;
+    v8 tops = (v8){0} + s[0];
+    for (int64_t t = 0; t < whole; t += 8) {
+        v8 x;
+        memcpy(&x, s + t, 32);
+        const v8i greater = x > tops;
+        tops = (v8)(((v8i)x & greater) | ((v8i)tops & ~greater));
+    }
+    float top = tops[0];
+    for (int i = 1; i < 8; i++) top = tops[i] > top ? tops[i] : top;
+    for (int64_t t = whole; t < n; t++) top = s[t] > top ? s[t] : top;
+    return top;
+}
+
+/* s[t] = e^(s[t] - top) for t < n, in place (top >= every s[t]: no overflow); returns their
+ * sum. The softmax of s, once divided by it. */
+static inline float exp_minus(float *s, int64_t n, float top) {
+    const int64_t whole = n / 8 * 8;
+    v8 totals = (v8){0};
+    for (int64_t t = 0; t < whole; t += 8) {
+        v8 x;
+        memcpy(&x, s + t, 32);
+        x = exp8(x - top);
+        totals += x;
+        memcpy(s + t, &x, 32);
+    }
+    if (whole < n) { /* the last few, as one vector padded with zeros */
+        v8 x = (v8){0};
+        memcpy(&x, s + whole, sizeof(float) * (size_t)(n - whole));
+        x = exp8(x - top);
+        for (int i = n - whole; i < 8; i++) x[i] = 0.f;
+        memcpy(s + whole, &x, sizeof(float) * (size_t)(n - whole));
+        totals += x;
+    }
+    float total = 0.f;
+    for (int i = 0; i < 8; i++) total += totals[i];
+    return total;
+}
+
 #endif
