@@ -9,7 +9,6 @@
  * Cache layout: [2 (keys, values), kv_heads, slots, dim]; slot = block * block_size + offset.
  * Queries and output: [n, kv_heads * group, dim], float32. The cache is float32 or bfloat16.
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,6 @@
 /* What the kernels share: 8-float vectors, the register tiles of a matrix multiply over
- * weights packed in panels of 16 columns, and a vectorized exponential. */
+ * weights packed in panels of 16 columns, a vectorized exponential, and the two passes of
+ * a softmax over a row. */
 #ifndef TOLLGATE_SIMD_H
 #define TOLLGATE_SIMD_H
 
