@@ -37,8 +37,14 @@ async def test_the_process_announces_itself_dispatches_and_stops_on_sigterm(
             run_id = await queue_run(store)
             await wait_for(lambda: worker.assignment(run_id))
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-            stats = await stub.GetQueueStats(scheduler_pb2.GetQueueStatsRequest())
-            assert (stats.num_running, stats.num_workers) == (1, 1)
+
+            async def running_on_its_one_worker() -> bool:
+                # The scheduler counts the run once AssignRun has returned to it, a moment
+                # after the worker received the call.
+                stats = await stub.GetQueueStats(scheduler_pb2.GetQueueStatsRequest())
+                return (stats.num_running, stats.num_workers) == (1, 1)
+
+            await wait_for(running_on_its_one_worker, timeout=10)
 
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
