@@ -184,3 +184,13 @@ def test_engine_gives_the_same_greedy_tokens_with_and_without_the_kernel(
         engine.runner.prefill_kernel = kernel
         results.append([r.token_ids for r in engine.generate(prompts, params)])
     assert results[0] == results[1]
+
+
+@needs_kernel
+def test_an_engine_with_a_bf16_cache_keeps_the_pytorch_prefill(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """Its chunks attend to their fresh keys at full precision, not to the cache's
+    rounded copy."""
+    assert make_engine().runner.prefill_kernel is not None
+    assert make_engine(kv_dtype="bfloat16").runner.prefill_kernel is None
