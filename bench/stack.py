@@ -1,8 +1,10 @@
 """The whole stack against the same engine in-process: throughput and added TTFT.
 
-    python -m bench.stack [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
+    python -m bench.stack [--model 56m|tiny] [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
 
-Generates a small random Llama, then runs one workload twice: N concurrent
+Generates a random Llama (by default bench.engine's 56M-parameter one; `--model tiny`
+is a 4-layer model whose steps cost little more than the engine's Python, so the
+services' own cost per run shows), then runs one workload twice: N concurrent
 greedy requests of M output tokens each (EOS ignored, so both sides produce
 exactly N*M tokens) over a fixed, seeded prompt set; with R rounds, R such waves
 one after another, each with prompts of its own. First in-process through
@@ -46,12 +48,16 @@ from bench.stack_sides import (
     run_stack,
     running_stack,
 )
+from bench.workload import MODEL_SHAPE as BENCH_MODEL_SHAPE
 from engine.config import EngineConfig
 from engine.tiny import init_tiny_model
 from engine.tokenizer import Tokenizer
 
-# Big enough that engine steps, not Python overhead, dominate the in-process run.
-MODEL_SHAPE: dict[str, Any] = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 512}
+MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    # Engine steps, not the engine's Python, dominate the in-process run.
+    "56m": BENCH_MODEL_SHAPE,
+    "tiny": {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 512},
+}
 THROUGHPUT_TARGET = 0.85
 ADDED_TTFT_P50_TARGET_MS = 15.0
 
@@ -65,7 +71,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def report(
-    work: Workload, local: SideResult, stack: SideResult, config: EngineConfig
+    model: str, work: Workload, local: SideResult, stack: SideResult, config: EngineConfig
 ) -> dict[str, Any]:
     header = f"{'side':<12}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
     print(f"{header}{'billed p50':>12}{'billed p99':>12}")
@@ -94,6 +100,7 @@ def report(
         a.token_ids == b.token_ids for a, b in zip(local.timings, stack.timings, strict=True)
     )
     return {
+        "model": model,
         "concurrency": work.concurrency,
         "rounds": len(work.waves()),
         "max_tokens": work.max_tokens,
@@ -130,8 +137,8 @@ def check_tokens(side: SideResult, work: Workload) -> None:
 
 
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    progress("generating the model")
-    model_dir = init_tiny_model(scratch / "model", **MODEL_SHAPE)
+    progress(f"generating the {args.model} model")
+    model_dir = init_tiny_model(scratch / "model", **MODEL_SHAPES[args.model])
     work = make_workload(
         Tokenizer.from_model_dir(model_dir),
         args.concurrency,
@@ -154,12 +161,15 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         stack = asyncio.run(asyncio.wait_for(run_stack(gateway, api_key, work), args.timeout))
     check_tokens(stack, work)
     progress(f"stack: {stack.tokens_per_second:,.1f} output tokens/s")
-    return report(work, local, stack, config)
+    return report(args.model, work, local, stack, config)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", choices=sorted(MODEL_SHAPES), default="56m", help="model shape (default 56m)"
     )
     parser.add_argument("--concurrency", type=int, help="concurrent streams (default 16; 8 quick)")
     parser.add_argument("--max-tokens", type=int, help="output tokens each (default 64; 32 quick)")

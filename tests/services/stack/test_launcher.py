@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import time
@@ -6,6 +7,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from services.stack import launcher
 from services.stack.launcher import THREAD_VARIABLES, Services, StackConfig
 
 
@@ -22,16 +24,36 @@ def _services(**extra_env: str) -> Services:
 
 
 @pytest.mark.parametrize("name", THREAD_VARIABLES)
-def test_the_worker_leaves_a_core_to_the_services_unless_told_otherwise(
+def test_the_worker_leaves_a_core_to_the_services_on_machines_of_4_cores_or_more(
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     for variable in THREAD_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(launcher, "physical_cores", lambda: 4)
     assert _services().worker_env()["TOLLGATE_RESERVED_CORES"] == "1"
     # Set by the caller, in the stack's extra variables or the environment: left alone.
     assert "TOLLGATE_RESERVED_CORES" not in _services(**{name: "2"}).worker_env()
     monkeypatch.setenv(name, "2")
     assert "TOLLGATE_RESERVED_CORES" not in _services().worker_env()
+
+
+def test_on_fewer_cores_the_engine_keeps_them_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in THREAD_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(launcher, "physical_cores", lambda: 3)
+    assert "TOLLGATE_RESERVED_CORES" not in _services().worker_env()
+
+
+def test_hyperthreads_of_one_core_count_once(tmp_path: Path) -> None:
+    for cpu, siblings in enumerate(["0,2", "1,3", "0,2", "1,3", "4"]):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "core_cpus_list").write_text(siblings + "\n")
+    assert launcher.physical_cores(range(5), tmp_path) == 3
+    assert launcher.physical_cores([0, 2], tmp_path) == 1
+    # No topology for a CPU: it counts as a core of its own.
+    assert launcher.physical_cores([0, 7, 8], tmp_path) == 3
+    assert 1 <= launcher.physical_cores() <= len(os.sched_getaffinity(0))
 
 
 # A launcher process: starts the stand-in service with ServiceProcess, prints its pid.
