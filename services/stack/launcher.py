@@ -7,6 +7,7 @@ Logs go to `<data_dir>/logs/<service>.log`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -45,11 +46,16 @@ def physical_cores(
     one core counted once."""
     cores = set()
     for cpu in os.sched_getaffinity(0) if cpus is None else cpus:
-        try:
-            cores.add((sysfs / f"cpu{cpu}" / "topology" / "core_cpus_list").read_text().strip())
-        except OSError:
-            cores.add(str(cpu))
+        cores.add(_core_of(sysfs / f"cpu{cpu}" / "topology", cpu))
     return len(cores)
+
+
+def _core_of(topology: Path, cpu: int) -> str:
+    """The list of CPUs sharing `cpu`'s core (`thread_siblings_list` before Linux 5.3)."""
+    for name in ("core_cpus_list", "thread_siblings_list"):
+        with contextlib.suppress(OSError):
+            return (topology / name).read_text().strip()
+    return str(cpu)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,12 @@ def test_hyperthreads_of_one_core_count_once(tmp_path: Path) -> None:
     assert launcher.physical_cores([0, 2], tmp_path) == 1
     # No topology for a CPU: it counts as a core of its own.
     assert launcher.physical_cores([0, 7, 8], tmp_path) == 3
+    # Kernels before 5.3 name the list thread_siblings_list.
+    for cpu in (7, 8):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text("7-8\n")
+    assert launcher.physical_cores([0, 7, 8], tmp_path) == 2
     assert 1 <= launcher.physical_cores() <= len(os.sched_getaffinity(0))
 
 
