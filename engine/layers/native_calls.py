@@ -98,9 +98,8 @@ def _decode_kernel(library: ctypes.CDLL) -> DecodeKernel:
         # The kernel trusts its pointers: check what it assumes.
         if (
             not supports(q.dtype, kv_cache.dtype)
-            or q.shape[2] != kv_cache.shape[3]
+            or not _is_kv_cache(kv_cache, q.shape[2])
             or q.shape[1] % kv_cache.shape[1] != 0
-            or not kv_cache.is_contiguous()
             or block_tables.dtype != torch.long
             or context_lens.dtype != torch.long
             or not (block_tables.is_contiguous() and context_lens.is_contiguous())
@@ -170,8 +169,7 @@ def _prefill_kernel(library: ctypes.CDLL) -> PrefillKernel:
             and q.stride(2) == 1
             and q.stride(1) == dim
             and dim % PANEL_WIDTH == 0
-            and kv_cache.shape[3] == dim
-            and kv_cache.is_contiguous()
+            and _is_kv_cache(kv_cache, dim)
             and heads % kv_heads == 0
             and out.shape == (n, heads * dim)
             and out.stride(1) == 1
@@ -206,6 +204,17 @@ def _prefill_kernel(library: ctypes.CDLL) -> PrefillKernel:
             raise MemoryError("native prefill attention could not allocate its scratch memory")
 
     return prefill_attention
+
+
+def _is_kv_cache(kv_cache: torch.Tensor, dim: int) -> bool:
+    """Whether the attention kernels may read kv_cache as [2, KVH, slots, dim], contiguous:
+    keys, then values."""
+    return (
+        kv_cache.dim() == 4
+        and kv_cache.shape[0] == 2
+        and kv_cache.shape[3] == dim
+        and (kv_cache.is_contiguous())
+    )
 
 
 def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:

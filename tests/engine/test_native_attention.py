@@ -86,6 +86,8 @@ def test_the_kernel_refuses_inputs_it_would_misread() -> None:
         (q, cache, tables, torch.tensor([3, 3])),
         (torch.zeros(1, 4, 8), cache, tables, lens),  # head size differs from the cache's
         (torch.zeros(1, 3, 16), cache, tables, lens),  # heads not a multiple of KV heads
+        (q, cache[:1], tables, lens),  # keys without their values
+        (q, cache[0], tables, lens),
     ]
     for args in bad:
         with pytest.raises(ValueError):

@@ -122,6 +122,8 @@ def test_the_kernel_refuses_inputs_it_would_misread() -> None:
         (q, cache, blocks, 3, out),  # more queries than positions
         (q, cache, blocks, 20, torch.empty(4, 32)),
         (q, cache, blocks, 20, torch.empty(64, 4).t()),
+        (q, cache[:1], blocks, 20, out),  # keys without their values
+        (q, cache[0], blocks, 20, out),
     ]
     for q_, cache_, blocks_, context_len, out_ in bad:
         with pytest.raises(ValueError):
