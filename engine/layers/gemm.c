@@ -7,8 +7,11 @@
  * loads 16 weights, broadcasts 6 inputs and does 12 vector multiply-adds. So each weight read from memory serves every row of x, which is what
  * decode steps (a few rows against all of a layer's weights) are bound by.
  *
- * Threads split the panels; x is walked in blocks of MC rows by KC columns, so the block of
- * x a thread rereads for each panel stays in its L2 cache.
+ * Threads take the work in tasks, one block of MC rows of x by a chunk of panels, each the
+ * next as they finish the last: a thread that the OS takes off its core (for another process
+ * on a busy machine) holds up the product by one task, not by its share of it. A task walks
+ * K in blocks of KC columns, so the block of x it rereads for each panel stays in L2; the
+ * tasks of one row block come one after another, so threads share that block too.
  */
 #ifdef _OPENMP
 #include <omp.h>
@@ -18,6 +21,8 @@
 
 #define KC 512 /* columns of x per block */
 #define MC 128 /* rows of x per block */
+/* Chunks of panels per thread: threads take the next chunk as they finish one. */
+#define CHUNKS_PER_THREAD 8
 
 DEFINE_TILES(float_tile, LOAD_FLOAT)
 DEFINE_TILES(int8_tile, LOAD_INT8)
@@ -56,28 +61,24 @@ static void rows_by_panel(const Weights *kind, int64_t rows, int64_t depth, cons
 
 static void gemm(const Weights *kind, const float *x, const void *panels, const float *scale,
                  const float *bias, float *y, int64_t M, int64_t N, int64_t K, int threads) {
-    const int64_t num_panels = (N + NR - 1) / NR;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        int64_t start = 0, stop = num_panels;
-#ifdef _OPENMP
-        const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-        start = num_panels * me / team;
-        stop = num_panels * (me + 1) / team;
-#endif
+    const int64_t num_panels = (N + NR - 1) / NR, row_blocks = (M + MC - 1) / MC;
+    int64_t chunk = num_panels / ((int64_t)CHUNKS_PER_THREAD * (threads > 1 ? threads : 1));
+    chunk = chunk > 0 ? chunk : 1;
+    const int64_t chunks = (num_panels + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+    for (int64_t task = 0; task < row_blocks * chunks; task++) {
+        const int64_t m0 = task / chunks * MC, rows = M - m0 < MC ? M - m0 : MC;
+        const int64_t start = task % chunks * chunk;
+        const int64_t stop = start + chunk < num_panels ? start + chunk : num_panels;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t depth = K - k0 < KC ? K - k0 : KC;
             const int last = k0 + depth == K;
-            for (int64_t m0 = 0; m0 < M; m0 += MC) {
-                const int64_t rows = M - m0 < MC ? M - m0 : MC;
-                for (int64_t p = start; p < stop; p++) {
-                    const int64_t n = p * NR, width = N - n < NR ? N - n : NR;
-                    const char *panel =
-                        (const char *)panels + (p * K + k0) * NR * kind->element_size;
-                    rows_by_panel(kind, rows, depth, x + m0 * K + k0, K, panel, y + m0 * N + n,
-                                  N, width, k0 == 0, last && scale ? scale + n : 0,
-                                  last && bias ? bias + n : 0);
-                }
+            for (int64_t p = start; p < stop; p++) {
+                const int64_t n = p * NR, width = N - n < NR ? N - n : NR;
+                const char *panel = (const char *)panels + (p * K + k0) * NR * kind->element_size;
+                rows_by_panel(kind, rows, depth, x + m0 * K + k0, K, panel, y + m0 * N + n, N,
+                              width, k0 == 0, last && scale ? scale + n : 0,
+                              last && bias ? bias + n : 0);
             }
         }
     }

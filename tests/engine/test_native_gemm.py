@@ -30,10 +30,13 @@ def test_panels_hold_sixteen_output_features_each_padded_with_zeros() -> None:
 
 
 # Rows: one, a tile and a part (6 + 1), past one row block (128); features: a panel and a
-# part; depth: odd, and past one column block (512).
+# part, and enough panels (70) that threads share them in chunks of several, the last one
+# shorter; depth: odd, and past one column block (512).
 @needs_kernel
 @pytest.mark.parametrize("rows", [0, 1, 7, 64, 131])
-@pytest.mark.parametrize(("out_features", "in_features"), [(16, 8), (37, 65), (48, 1100)])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(16, 8), (37, 65), (48, 1100), (1110, 70)]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_product_matches_pytorch(
     rows: int, out_features: int, in_features: int, bias: bool
