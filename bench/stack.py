@@ -42,8 +42,8 @@ from typing import Any
 from bench.report import logs_to_stderr, progress
 from bench.stack_sides import (
     SideResult,
-    Workload,
-    make_workload,
+    StackWorkload,
+    make_stack_workload,
     run_inprocess,
     run_stack,
     running_stack,
@@ -71,7 +71,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def report(
-    model: str, work: Workload, local: SideResult, stack: SideResult, config: EngineConfig
+    model: str, work: StackWorkload, local: SideResult, stack: SideResult, config: EngineConfig
 ) -> dict[str, Any]:
     header = f"{'side':<12}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
     print(f"{header}{'billed p50':>12}{'billed p99':>12}")
@@ -130,7 +130,7 @@ def report(
     }
 
 
-def check_tokens(side: SideResult, work: Workload) -> None:
+def check_tokens(side: SideResult, work: StackWorkload) -> None:
     counts = {len(t.token_ids) for t in side.timings}
     if counts != {work.max_tokens}:
         raise RuntimeError(f"{side.name}: output lengths {sorted(counts)}, not {work.max_tokens}")
@@ -139,7 +139,7 @@ def check_tokens(side: SideResult, work: Workload) -> None:
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     progress(f"generating the {args.model} model")
     model_dir = init_tiny_model(scratch / "model", **MODEL_SHAPES[args.model])
-    work = make_workload(
+    work = make_stack_workload(
         Tokenizer.from_model_dir(model_dir),
         args.concurrency,
         args.prompt_words,

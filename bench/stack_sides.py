@@ -35,7 +35,7 @@ _WORDS = (
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class StackWorkload:
     """`rounds` waves of `concurrency` requests, each wave with prompts of its own."""
 
     prompts: list[str]
@@ -55,9 +55,9 @@ class Workload:
         ]
 
 
-def make_workload(
+def make_stack_workload(
     tokenizer: Tokenizer, requests: int, words: int, max_tokens: int, seed: int, rounds: int = 1
-) -> Workload:
+) -> StackWorkload:
     """Seeded prompts, tokenized as admission tokenizes a plain prompt.
 
     Every request has a prompt of its own, so no round is served from the prefix
@@ -68,7 +68,7 @@ def make_workload(
         f"request {i}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
         for i in range(requests * rounds)
     ]
-    return Workload(prompts, [tokenizer.encode(p) for p in prompts], max_tokens, requests)
+    return StackWorkload(prompts, [tokenizer.encode(p) for p in prompts], max_tokens, requests)
 
 
 @dataclass(slots=True)
@@ -136,7 +136,7 @@ async def inprocess_request(
     return timing
 
 
-async def run_inprocess(model_dir: Path, work: Workload, config: EngineConfig) -> SideResult:
+async def run_inprocess(model_dir: Path, work: StackWorkload, config: EngineConfig) -> SideResult:
     engine = await ProcessEngine.start(model_dir, config)
     try:
         await inprocess_request(engine, "warmup", work.prompt_ids[0][:8], WARMUP_TOKENS)
@@ -196,7 +196,7 @@ async def warm_up(client: AsyncClient, prompt: str) -> None:
         await asyncio.sleep(1.0)
 
 
-async def run_stack(gateway: str, api_key: str, work: Workload) -> SideResult:
+async def run_stack(gateway: str, api_key: str, work: StackWorkload) -> SideResult:
     async with AsyncClient(gateway, api_key) as client:
         await warm_up(client, work.prompts[0][:24])
         with CpuWindow() as cpu:
