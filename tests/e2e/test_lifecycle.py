@@ -117,6 +117,7 @@ def test_cancel_while_queued_and_while_streaming(stack: Stack) -> None:
     queued_tail = [e.kind for e in client.stream_run(waiting_first.run_id)]
     assert queued_tail == ["queued", "cancelled", "billed"]
 
+    assert long_run.run_id is not None
     assert client.cancel_run(long_run.run_id).state in ("cancelled", "billed")
     rest = list(long_events)
     assert [e.kind for e in rest][-2:] == ["cancelled", "billed"]
@@ -208,7 +209,10 @@ def test_unknown_priority_is_invalid(stack: Stack) -> None:
 
     stub = gateway_pb2_grpc.GatewayServiceStub(grpc.insecure_channel(stack.gateway))
     request = events_pb2.GenerateRequest(
-        model=MODEL, prompt="p", priority=9, sampling=events_pb2.SamplingParams(max_tokens=4)
+        model=MODEL,
+        prompt="p",
+        priority=9,  # type: ignore[arg-type]
+        sampling=events_pb2.SamplingParams(max_tokens=4),
     )
     with pytest.raises(grpc.RpcError) as caught:
         next(iter(stub.Generate(request, metadata=(("authorization", f"Bearer {key}"),))))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ def force_tokens(engine: LLMEngine, choose: Callable[[Sequence, int], int]) -> N
     execute = engine.runner.execute
 
     def forced(
-        plan: StepPlan, generators: dict[str, torch.Generator]
+        plan: StepPlan, generators: Mapping[str, torch.Generator]
     ) -> list[tuple[Sequence, int]]:
         return [(seq, choose(seq, token)) for seq, token in execute(plan, generators)]
 
@@ -186,7 +187,7 @@ def test_abort_in_every_state_frees_everything(make_engine: MakeEngine) -> None:
     assert engine.num_free_blocks == engine.num_total_blocks
 
 
-def test_metrics_follow_the_clock(tiny_dir: object) -> None:
+def test_metrics_follow_the_clock(tiny_dir: Path) -> None:
     from engine.config import EngineConfig
 
     ticks = iter(i * 0.5 for i in range(1000))

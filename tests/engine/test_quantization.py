@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from engine.layers.linear import Linear
 from engine.layers.quantized import DequantBuffer, Int8Linear, quantize_int8
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.sampling import SamplingParams
 from engine.tiny import init_tiny_model
 from tests.engine.helpers import paged_logits
@@ -95,7 +96,8 @@ def test_int8_engine_greedy_tokens_agree_with_fp32(
 ) -> None:
     fp32, int8 = make_engine(), make_engine(quantization="int8")
     model = int8.runner.model
-    assert isinstance(model.model.layers[0].mlp.down_proj, Int8Linear)
+    layer = cast(LlamaDecoderLayer, model.model.layers[0])
+    assert isinstance(layer.mlp.down_proj, Int8Linear)
     assert isinstance(model.lm_head, Int8Linear)
     vocab = model.config.vocab_size
     prompts = [_prompt(vocab, seed, length=20) for seed in range(3)]
@@ -141,6 +143,7 @@ def test_int8_linear_matches_its_dequantized_weight(
     # 4096 inputs: a chunk holds 256 rows, so 600 outputs take three chunks.
     linear = Linear(4096, 600, bias=True)
     torch.nn.init.normal_(linear.weight, std=0.02)
+    assert linear.bias is not None
     torch.nn.init.normal_(linear.bias)
     layer = Int8Linear(linear, DequantBuffer(torch.float32))
     assert layer.rows_per_chunk < 600

@@ -66,8 +66,13 @@ def script(
         )
     events.append(events_pb2.RunEvent(billed=events_pb2.Billed(amount_micros=1234, currency="USD")))
     states = {
-        "queued": 1, "prefill": 2, "streaming": 3, "completed": 4, "failed": 5, "billed": 7,
-    }  # fmt: skip
+        "queued": events_pb2.RUN_STATE_QUEUED,
+        "prefill": events_pb2.RUN_STATE_PREFILL,
+        "streaming": events_pb2.RUN_STATE_STREAMING,
+        "completed": events_pb2.RUN_STATE_COMPLETED,
+        "failed": events_pb2.RUN_STATE_FAILED,
+        "billed": events_pb2.RUN_STATE_BILLED,
+    }
     for seq, event in enumerate(events, start=1):
         event.run_id, event.seq, event.tenant_id = run_id, seq, TENANT
         event.state = states[event.WhichOneof("kind")]

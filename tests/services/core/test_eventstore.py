@@ -229,5 +229,7 @@ async def test_the_notice_carries_the_events_as_stored(
     assert [run for run, _ in parsed] == [run_id] * 3
     assert [[e.seq for e in events or ()] for _, events in parsed] == [[1], [2, 3], []]
     assert parsed[2][1] is None  # too large to carry: the run id alone
+    first, second = parsed[0][1], parsed[1][1]
+    assert first is not None and second is not None
     stored = await store.read(run_id)
-    assert [*parsed[0][1], *parsed[1][1]] == stored[:3]
+    assert [*first, *second] == stored[:3]

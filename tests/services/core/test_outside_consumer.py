@@ -3,6 +3,7 @@
 import asyncio
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.eventstore import EventStore
@@ -12,13 +13,15 @@ from tests.services.core.events import start_run, streaming
 from tollgate.v1 import events_pb2
 
 
-async def consume_like_an_outsider(bootstrap: str, topic: str, count: int) -> list:  # type: ignore[type-arg]
+async def consume_like_an_outsider(
+    bootstrap: str, topic: str, count: int
+) -> list[ConsumerRecord[bytes, bytes]]:
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, group_id="outside-auditor", auto_offset_reset="earliest"
     )
     await consumer.start()
     try:
-        records = []
+        records: list[ConsumerRecord[bytes, bytes]] = []
         while len(records) < count:
             batch = await asyncio.wait_for(consumer.getmany(timeout_ms=500), 30)
             for part in batch.values():

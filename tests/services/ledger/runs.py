@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -63,7 +64,7 @@ async def terminal_run(
 ) -> str:
     """A run that went queued → prefill → streaming → `kind`, not yet billed."""
     run_id = await queued_run(store, tenant_id, model)
-    payload = {"usage": run_usage or usage()}
+    payload: dict[str, Any] = {"usage": run_usage or usage()}
     if kind == RunState.COMPLETED:
         payload["finish_reason"] = "length"
     else:

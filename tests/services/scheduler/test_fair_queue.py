@@ -1,4 +1,5 @@
 from collections import Counter
+from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,10 @@ def ticket(
 
 def always(_: Ticket) -> bool:
     return True
+
+
+def costs_at_most(limit: int) -> Callable[[Ticket], bool]:
+    return lambda t: t.cost <= limit
 
 
 def drain(queue: FairQueue, limit: int | None = None) -> list[Ticket]:
@@ -172,7 +177,7 @@ def test_no_run_waits_forever_when_capacity_frees_up(costs: list[int], capacity:
     for now in range(len(costs), len(costs) + 40 * len(costs)):
         running = [(end, cost) for end, cost in running if end > now]
         free = capacity - sum(cost for _, cost in running)
-        while (picked := queue.pick(lambda t, f=free: t.cost <= f, now=now)) is not None:
+        while (picked := queue.pick(costs_at_most(free), now=now)) is not None:
             running.append((now + 3, picked.cost))
             free -= picked.cost
         if not len(queue):
