@@ -13,10 +13,6 @@
  * K in blocks of KC columns, so the block of x it rereads for each panel stays in L2; the
  * tasks of one row block come one after another, so threads share that block too.
  */
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "simd.h"
 
 #define KC 512 /* columns of x per block */
