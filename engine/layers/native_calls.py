@@ -213,7 +213,7 @@ def _is_kv_cache(kv_cache: torch.Tensor, dim: int) -> bool:
         kv_cache.dim() == 4
         and kv_cache.shape[0] == 2
         and kv_cache.shape[3] == dim
-        and (kv_cache.is_contiguous())
+        and kv_cache.is_contiguous()
     )
 
 

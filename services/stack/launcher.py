@@ -32,8 +32,8 @@ STOP_TIMEOUT_S = 15.0
 # The worker shares the machine with the other services. With 4 cores or more, one is
 # left to them, or they queue behind the engine's matrix multiplies (each hop of a run's
 # way to its first token waits for a core). With fewer, the engine needs every core: on
-# 2 cores, `bench.stack` gets 0.68-0.74 of in-process throughput with the engine on both
-# and 0.57-0.63 with one left to the services. Either variable set by the caller wins.
+# 2 cores, leaving one to the services costs the engine half the machine (README,
+# `bench.stack`). Either variable set by the caller wins.
 THREAD_VARIABLES = ("TOLLGATE_ENGINE_THREADS", "TOLLGATE_RESERVED_CORES")
 COLOCATED_RESERVED_CORES = "1"
 RESERVE_FROM_CORES = 4
