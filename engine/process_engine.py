@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -71,14 +72,17 @@ class ProcessEngine(EngineFront):
         model_dir: str | Path,
         config: EngineConfig | None = None,
         on_step: Callable[[list[RequestOutput]], None] | None = None,
+        *,
+        niceness: int = 0,
     ) -> ProcessEngine:
         """Starts the child and waits until its model is loaded; raises ModelLoadError
-        (or what loading raised) when it cannot be."""
+        (or what loading raised) when it cannot be. The child and its threads run at
+        `niceness` (0-19: how far below this machine's other processes they stand)."""
         context = multiprocessing.get_context("spawn")
         conn, child_conn = context.Pipe()
         process = context.Process(
             target=serve,
-            args=(child_conn, str(model_dir), config or EngineConfig()),
+            args=(child_conn, str(model_dir), config or EngineConfig(), niceness),
             name="tollgate-engine",
             daemon=True,
         )
@@ -194,8 +198,10 @@ class ProcessEngine(EngineFront):
             self._loop.remove_reader(self._conn.fileno())
 
 
-def serve(conn: Connection, model_dir: str, config: EngineConfig) -> None:
+def serve(conn: Connection, model_dir: str, config: EngineConfig, niceness: int = 0) -> None:
     """The child's main: load, report ready, then step while there is work."""
+    if niceness:
+        os.nice(niceness)  # before any thread starts: threads take their creator's
     # Interrupts and termination are the parent's to handle: it says when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -46,6 +46,7 @@ class WorkerSettings:
     scheduler_address: str
     drain_seconds: int
     events_per_second: float
+    engine_niceness: int
 
     @classmethod
     def from_env(cls) -> WorkerSettings:
@@ -73,7 +74,20 @@ class WorkerSettings:
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
             events_per_second=env_float("TOLLGATE_STREAM_EVENTS_PER_S", 100.0),
+            engine_niceness=engine_niceness(env_int("TOLLGATE_ENGINE_NICE", ENGINE_NICENESS)),
         )
+
+
+# The engine's process stands this far below the services, PostgreSQL and the broker,
+# which share its cores: their wake-ups take a core at once, so a run's events reach its
+# client sooner, and the engine has the cores back when they wait (README, bench.stack).
+ENGINE_NICENESS = 5
+
+
+def engine_niceness(configured: int) -> int:
+    if not 0 <= configured <= 19:
+        raise ConfigError("TOLLGATE_ENGINE_NICE must be between 0 and 19")
+    return configured
 
 
 def engine_threads(configured: int, reserved_cores: int) -> int | None:
@@ -153,7 +167,9 @@ async def main() -> None:
         lambda run_id: engine.abort(run_id),
         events_per_second=settings.events_per_second,
     )
-    engine = await ProcessEngine.start(settings.model_dir, settings.engine, appender.on_step)
+    engine = await ProcessEngine.start(
+        settings.model_dir, settings.engine, appender.on_step, niceness=settings.engine_niceness
+    )
     core = WorkerCore(settings.worker_id, settings.model_name, engine, store, appender.start, runs)
 
     def add_servicers(server: grpc.aio.Server) -> None:

@@ -10,16 +10,20 @@ from pathlib import Path
 import grpc
 import psutil
 
+from services.worker.app import ENGINE_NICENESS
 from services.worker.threads import SPIN_ROUNDS
 from tests.services.processes import service_process
 from tollgate.v1 import engine_pb2, engine_pb2_grpc
+
+# The worker's defaults for its engine process, checked below.
+DEFAULTS_UNDER_TEST = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TOLLGATE_ENGINE_NICE")
 
 
 async def test_the_worker_exits_with_an_error_when_its_engine_process_dies(
     database_url: str, kafka_bootstrap: str, tiny_model_dir: Path
 ) -> None:
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
+        **{k: v for k, v in os.environ.items() if k not in DEFAULTS_UNDER_TEST},
         "TOLLGATE_DATABASE_URL": database_url,
         "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "TOLLGATE_LISTEN": "127.0.0.1:0",
@@ -35,5 +39,6 @@ async def test_the_worker_exits_with_an_error_when_its_engine_process_dies(
         children = psutil.Process(process.pid).children()
         [engine] = [child for child in children if "spawn_main" in " ".join(child.cmdline())]
         assert engine.environ().get("GOMP_SPINCOUNT") == SPIN_ROUNDS
+        assert engine.nice() == psutil.Process(process.pid).nice() + ENGINE_NICENESS
         engine.kill()
         assert await asyncio.wait_for(process.wait(), 30) == 1

@@ -17,6 +17,7 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         "TOLLGATE_KV_DTYPE",
         "TOLLGATE_ENGINE_THREADS",
         "TOLLGATE_RESERVED_CORES",
+        "TOLLGATE_ENGINE_NICE",
     ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
@@ -63,4 +64,19 @@ def test_an_unknown_value_names_the_variable(
 ) -> None:
     worker_env.setenv(name, value)
     with pytest.raises(ConfigError, match=name):
+        WorkerSettings.from_env()
+
+
+def test_the_engine_process_stands_below_the_services_unless_told_otherwise(
+    worker_env: pytest.MonkeyPatch,
+) -> None:
+    assert WorkerSettings.from_env().engine_niceness == 5
+    worker_env.setenv("TOLLGATE_ENGINE_NICE", "0")
+    assert WorkerSettings.from_env().engine_niceness == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "20"])
+def test_a_niceness_out_of_range_is_refused(worker_env: pytest.MonkeyPatch, value: str) -> None:
+    worker_env.setenv("TOLLGATE_ENGINE_NICE", value)
+    with pytest.raises(ConfigError, match="TOLLGATE_ENGINE_NICE"):
         WorkerSettings.from_env()
