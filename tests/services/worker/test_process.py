@@ -19,7 +19,7 @@ from tollgate.v1 import engine_pb2, engine_pb2_grpc
 DEFAULTS_UNDER_TEST = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TOLLGATE_ENGINE_NICE")
 
 
-async def test_the_worker_exits_with_an_error_when_its_engine_process_dies(
+async def test_the_engine_process_runs_with_the_workers_defaults_and_its_death_ends_the_worker(
     database_url: str, kafka_bootstrap: str, tiny_model_dir: Path
 ) -> None:
     env = {
