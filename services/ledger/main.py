@@ -13,6 +13,7 @@ import structlog
 from grpc_health.v1 import health
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core import loop
 from services.core.config import CommonSettings, env_float, env_str
 from services.core.db import create_engine
 from services.core.relay import OutboxRelay
@@ -124,4 +125,4 @@ def main() -> None:
     except Exception as exc:
         log.error("bad configuration", error=str(exc))
         sys.exit(2)
-    asyncio.run(run(settings))
+    loop.run(run(settings))

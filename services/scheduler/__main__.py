@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from services.core.config import ConfigError
 from services.core.infra_process import follow_parent
+from services.core.loop import run
 from services.scheduler.app import serve
 from services.scheduler.config import SchedulerSettings
 
@@ -18,7 +18,7 @@ def main() -> int:
     except ConfigError as error:
         print(f"scheduler: {error}", file=sys.stderr)
         return 2
-    asyncio.run(serve(settings))
+    run(serve(settings))
     return 0
 
 

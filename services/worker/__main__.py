@@ -1,7 +1,7 @@
-import asyncio
 import os
 
 from services.core.infra_process import follow_parent
+from services.core.loop import run
 from services.worker.threads import set_openmp_wait
 
 follow_parent()
@@ -10,4 +10,4 @@ set_openmp_wait(os.environ)  # before torch loads its OpenMP runtime
 
 from services.worker.app import main  # noqa: E402
 
-asyncio.run(main())
+run(main())
