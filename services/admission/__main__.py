@@ -1,4 +1,3 @@
-
 from services.core.infra_process import follow_parent
 from services.core.loop import run
 
