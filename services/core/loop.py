@@ -27,6 +27,11 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def running_loop_name() -> str:
+    """The running loop's package: "uvloop" or "asyncio"."""
+    return type(asyncio.get_running_loop()).__module__.partition(".")[0]
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
     """Runs a service's main coroutine to the end on the configured loop."""
     try:

@@ -12,6 +12,8 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from services.core.loop import running_loop_name
+
 log = structlog.get_logger(__name__)
 
 
@@ -75,6 +77,7 @@ async def serve(
     """Runs until SIGTERM/SIGINT, then drains: not serving, stop with grace, cancel tasks."""
     await server.start()
     await set_serving(health_servicer, services, True)
+    log.info("running", event_loop=running_loop_name())
     tasks = [asyncio.ensure_future(job) for job in background]
     signalled = asyncio.ensure_future(wait_for_signal())
     await asyncio.wait([signalled, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -34,6 +34,7 @@ class Stack:
     database_url: str
     admin: AdminClient
     metrics: dict[str, int]
+    log_dir: Path
 
     def tenant_key(self, name: str) -> str:
         tenant = self.admin.create_tenant(f"{name}-{uuid.uuid4().hex[:6]}")
@@ -107,6 +108,7 @@ def running_stack(
                     database_url=database_url,
                     admin=admin,
                     metrics={name: p.metrics_port for name, p in processes.items()},
+                    log_dir=logs,
                 ),
                 services,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -293,3 +294,10 @@ def test_services_expose_prometheus_metrics(stack: Stack) -> None:
         .decode()
     )
     assert "tollgate_scheduler_queue_seconds" in scheduler
+
+
+def test_every_service_runs_on_uvloop(stack: Stack) -> None:
+    for name in ("admission", "scheduler", "worker", "ledger"):
+        lines = (stack.log_dir / f"{name}.log").read_text().splitlines()
+        running = [json.loads(line) for line in lines if '"event": "running"' in line]
+        assert [line["event_loop"] for line in running] == ["uvloop"], name
