@@ -110,7 +110,8 @@ def print_ledger(client: Client, run_ids: list[str]) -> None:
             )
     usage = client.get_usage()
     print(
-        f"tenant total: {usage.num_runs} runs, {usage.amount_micros} micro-{usage.currency}",
+        f"tenant total, every run so far: {usage.num_runs} runs,"
+        f" {usage.amount_micros} micro-{usage.currency}",
         flush=True,
     )
 

@@ -106,5 +106,5 @@ def test_the_demo_streams_resumes_cancels_and_prints_the_ledger(tmp_path: Path) 
     assert ends[:4] == ["queued", "prefill", "completed", "billed"]
     assert ends[4].startswith("cancelled output_tokens=") and ends[5:] == ["billed"]
     assert int(ends[4].split("=")[1]) > 0
-    assert any(line.startswith("tenant total: ") for line in lines)
+    assert any(line.startswith("tenant total, every run so far: ") for line in lines)
     assert sum(" micro-USD" in line for line in lines) >= 6  # three entries for each run
