@@ -4,8 +4,11 @@
  * past N zero. Weights are float32, or int8 with one float32 scale per output feature
  * (y = (x . Q^T) * scale + bias), widened to float32 in registers. A tile of up to 6 rows
  * of x by one panel (simd.h) keeps its 6 x 16 sums in registers while it walks K: each step
- * loads 16 weights, broadcasts 6 inputs and does 12 vector multiply-adds. So each weight read from memory serves every row of x, which is what
- * decode steps (a few rows against all of a layer's weights) are bound by.
+ * loads 16 weights, broadcasts 6 inputs and does 12 vector multiply-adds. So each weight read
+ * from memory serves every row of x, which is what decode steps (a few rows against all of a
+ * layer's weights) are bound by. While the first tile of rows walks a panel, it asks for the
+ * task's next panel: the tiles after it multiply from cache while that panel arrives, and the
+ * next panel's first tile finds it there, so reading weights overlaps multiplying them.
  *
  * Threads take the work in tasks, one block of MC rows of x by a chunk of panels, each the
  * next as they finish the last: a thread that the OS takes off its core (for another process
@@ -35,11 +38,13 @@ static const Weights INT8_WEIGHTS = {TILE_TABLE(int8_tile), 1};
 /* `rows` rows of x (one block) by one panel, `width` of whose 16 features are real. */
 static void rows_by_panel(const Weights *kind, int64_t rows, int64_t depth, const float *x,
                           int64_t K, const void *panel, float *y, int64_t N, int64_t width,
-                          int first, const float *scale, const float *bias) {
+                          int first, const float *scale, const float *bias, const char *ahead) {
     for (int64_t m = 0; m < rows; m += MR) {
         const int r = (int)(rows - m < MR ? rows - m : MR);
+        /* The first tile reads the panel from memory; it fetches the next one meanwhile. */
+        const char *fetch = m == 0 ? ahead : 0;
         if (width == NR) {
-            kind->tiles[r](depth, x + m * K, K, panel, y + m * N, N, first, scale, bias);
+            kind->tiles[r](depth, x + m * K, K, panel, y + m * N, N, first, scale, bias, fetch);
             continue;
         }
         /* A last panel narrower than 16 goes through a full-width scratch tile. */
@@ -49,7 +54,7 @@ static void rows_by_panel(const Weights *kind, int64_t rows, int64_t depth, cons
         if (scale) memcpy(padded_scale, scale, sizeof(float) * width);
         if (bias) memcpy(padded_bias, bias, sizeof(float) * width);
         kind->tiles[r](depth, x + m * K, K, panel, scratch, NR, 0, scale ? padded_scale : 0,
-                       bias ? padded_bias : 0);
+                       bias ? padded_bias : 0, 0);
         for (int i = 0; i < r; i++)
             memcpy(y + (m + i) * N, scratch + i * NR, sizeof(float) * width);
     }
@@ -71,10 +76,11 @@ static void gemm(const Weights *kind, const float *x, const void *panels, const 
             const int last = k0 + depth == K;
             for (int64_t p = start; p < stop; p++) {
                 const int64_t n = p * NR, width = N - n < NR ? N - n : NR;
-                const char *panel = (const char *)panels + (p * K + k0) * NR * kind->element_size;
+                const int64_t panel_bytes = K * NR * kind->element_size;
+                const char *panel = (const char *)panels + p * panel_bytes + k0 * NR * kind->element_size;
                 rows_by_panel(kind, rows, depth, x + m0 * K + k0, K, panel, y + m0 * N + n, N,
                               width, k0 == 0, last && scale ? scale + n : 0,
-                              last && bias ? bias + n : 0);
+                              last && bias ? bias + n : 0, p + 1 < stop ? panel + panel_bytes : 0);
             }
         }
     }

@@ -26,7 +26,9 @@ static inline v8 widen(const int8_t *p) {
 #endif
 }
 
-/* The weights of panel row k as two vectors of 8 floats. */
+/* The weights of panel row k as two vectors of 8 floats; the bytes of one panel row. */
+#define LOAD_FLOAT_ROW_BYTES 64
+#define LOAD_INT8_ROW_BYTES 16
 #define LOAD_FLOAT(panel, k, w0, w1)                                                           \
     const v8 w0 = ((const v8u *)(panel))[2 * (k)], w1 = ((const v8u *)(panel))[2 * (k) + 1]
 #define LOAD_INT8(panel, k, w0, w1)                                                            \
@@ -35,13 +37,16 @@ static inline v8 widen(const int8_t *p) {
 
 /* y[R, 16] = x[R, depth] . panel[depth, 16]: the tile's sums stay in registers while it walks
  * `depth`. The sums are added into y (or stored, when `first`), then multiplied by `scale`
- * and `bias` added, each when given. Rows of x and y are ldx and ldy floats apart. */
+ * and `bias` added, each when given. Rows of x and y are ldx and ldy floats apart. Given
+ * `ahead`, a panel of the same depth, the tile asks for it (into L2) row by row as it walks. */
 #define DEFINE_TILE(NAME, R, LOAD)                                                             \
     static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel, float *y,   \
-                     int64_t ldy, int first, const float *scale, const float *bias) {          \
+                     int64_t ldy, int first, const float *scale, const float *bias,            \
+                     const char *ahead) {                                                      \
         v8 sums[R][2];                                                                         \
         _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) sums[m][0] = sums[m][1] = (v8){0}; \
         for (int64_t k = 0; k < depth; k++) {                                                  \
+            if (ahead) __builtin_prefetch(ahead + k * LOAD##_ROW_BYTES, 0, 2);                 \
             LOAD(panel, k, w0, w1);                                                            \
             _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                              \
                 const v8 a = (v8){0} + x[m * ldx + k];                                         \
@@ -79,7 +84,7 @@ static inline v8 widen(const int8_t *p) {
     DEFINE_TILE(NAME##_6, 6, LOAD)
 
 typedef void (*TileFn)(int64_t, const float *, int64_t, const void *, float *, int64_t, int,
-                       const float *, const float *);
+                       const float *, const float *, const char *);
 
 #define TILE_TABLE(NAME) {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6}
 
