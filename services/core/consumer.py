@@ -5,11 +5,18 @@ database transaction that also writes a tracking row per (consumer, run_id,
 seq); an event whose tracking row already exists is skipped.  Offsets are
 committed only after that transaction commits, so a crash in between
 redelivers events that the tracking rows then turn into no-ops.
+
+A batch that applies nothing (none of the consumer's kinds, or only repeats)
+has its offsets committed with the next batch that applies something, or once
+`commit_interval` has passed: each commit is a round trip to the broker, and
+most batches of a consumer of a few kinds bring none of them. What a crash
+leaves uncommitted that way is read again and skipped again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import structlog
@@ -52,6 +59,7 @@ class TrackingConsumer:
         name: str | None = None,
         session_timeout_ms: int = 10_000,
         fetch_max_wait_ms: int = 50,
+        commit_interval: float = 1.0,
     ) -> None:
         self.engine = engine
         self.bootstrap = bootstrap
@@ -63,6 +71,8 @@ class TrackingConsumer:
         self.session_timeout_ms = session_timeout_ms
         # How long the broker may hold a fetch open waiting for data: the latency floor.
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        # The longest a batch that applied nothing waits for its offsets' commit.
+        self.commit_interval = commit_interval
         self.started = asyncio.Event()
 
     async def run(self) -> None:
@@ -79,18 +89,27 @@ class TrackingConsumer:
         )
         await consumer.start()
         self.started.set()
+        pending: dict[TopicPartition, int] = {}  # read, not committed yet
+        last_commit = time.monotonic()
         try:
             while True:
                 batches = await consumer.getmany(timeout_ms=500, max_records=500)
-                if not batches:
-                    continue
-                # Every partition read in one transaction and one commit; a run's events
-                # share a partition, so each run's order holds. A crash before the commit
-                # only brings applied events back, and the tracking rows skip them.
-                await self.apply([record for records in batches.values() for record in records])
-                await self.commit_offsets(
-                    consumer, {tp: records[-1].offset + 1 for tp, records in batches.items()}
-                )
+                applied = 0
+                if batches:
+                    # Every partition read in one transaction and one commit; a run's events
+                    # share a partition, so each run's order holds. A crash before the commit
+                    # only brings applied events back, and the tracking rows skip them.
+                    records = [record for batch in batches.values() for record in batch]
+                    applied = await self.apply(records)
+                    pending.update({tp: batch[-1].offset + 1 for tp, batch in batches.items()})
+                if pending and (applied or time.monotonic() - last_commit >= self.commit_interval):
+                    # Partitions handed to another member since are theirs to commit.
+                    assigned = consumer.assignment()
+                    offsets = {tp: offset for tp, offset in pending.items() if tp in assigned}
+                    if offsets:
+                        await self.commit_offsets(consumer, offsets)
+                    pending.clear()
+                    last_commit = time.monotonic()
         finally:
             await consumer.stop()
 

@@ -1,4 +1,5 @@
-"""Reading a whole topic back, for assertions about what was published."""
+"""Reading a whole topic back, for assertions about what was published, and counting what a
+consumer is handed."""
 
 import asyncio
 import time
@@ -49,3 +50,15 @@ async def wait_for(predicate, timeout: float = 20, interval: float = 0.05) -> No
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(interval)
+
+
+class CountsRecords:
+    """Mixed into a TrackingConsumer: counts the records it is handed, whether they apply or
+    not (redelivered ones included)."""
+
+    seen = 0
+
+    async def apply(self, records):  # type: ignore[no-untyped-def]
+        applied = await super().apply(records)  # type: ignore[misc]
+        self.seen += len(records)
+        return applied

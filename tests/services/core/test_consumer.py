@@ -12,7 +12,7 @@ from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, RunState
 from tests.services.core.events import start_run
-from tests.services.core.kafka_tools import read_topic, wait_for
+from tests.services.core.kafka_tools import CountsRecords, read_topic, wait_for
 from tollgate.v1 import events_pb2
 
 GROUP = "test-effects"
@@ -129,6 +129,54 @@ async def test_crash_between_effect_and_offset_commit_applies_nothing_twice(
 
     await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=8)
     assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}
+
+
+class Seeing(CountsRecords, TrackingConsumer):
+    pass
+
+
+async def test_batches_that_apply_nothing_commit_their_offsets_within_the_interval(
+    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    await publish(store, engine, kafka_bootstrap, kafka_topic, 3)  # queued and prefill each
+    await create_effects_table(engine)
+
+    async def read_everything(interval: float, until: Callable[[], Awaitable[bool]]) -> None:
+        consumer = Seeing(
+            engine,
+            kafka_bootstrap,
+            group_id=GROUP,
+            handler=record_effect,
+            kinds={RunState.COMPLETED},
+            topic=kafka_topic,
+            session_timeout_ms=2000,
+            commit_interval=interval,
+        )
+        task = asyncio.create_task(consumer.run())
+        try:
+            await wait_for(lambda: consumer.seen >= 6, timeout=30)
+            await wait_for(until, timeout=30)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def committed_sum() -> int:
+        return sum(o or 0 for o in (await committed_offsets(kafka_bootstrap, kafka_topic)).values())
+
+    async def two_more_polls() -> bool:
+        await asyncio.sleep(1.0)
+        return True
+
+    async def all_committed() -> bool:
+        return await committed_sum() == 6
+
+    # Nothing applies: with an hour's interval, nothing is committed after every event is read.
+    await read_everything(3600.0, two_more_polls)
+    assert await committed_sum() == 0
+    # Read again from the start; within a short interval the offsets are committed past all.
+    await read_everything(0.2, all_committed)
+    assert await applied_effects(engine) == {}
 
 
 async def rewind_group(bootstrap: str, topic: str, offsets: dict[TopicPartition, int]) -> None:

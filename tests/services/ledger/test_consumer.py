@@ -10,7 +10,7 @@ from services.core.relay import OutboxRelay
 from services.core.runs import RunState
 from services.ledger.consumer import LEDGER_GROUP, LedgerConsumer
 from services.ledger.pricing import PriceTable
-from tests.services.core.kafka_tools import read_topic, wait_for
+from tests.services.core.kafka_tools import CountsRecords, read_topic, wait_for
 from tests.services.ledger.runs import entry_count, open_reservations, terminal_run
 
 
@@ -21,15 +21,8 @@ class KilledBeforeOffsetCommit(LedgerConsumer):
         raise RuntimeError("killed between billing and offset commit")
 
 
-class Counting(LedgerConsumer):
-    """Counts the records it is handed, redelivered ones included."""
-
-    seen = 0
-
-    async def apply(self, records):  # type: ignore[no-untyped-def]
-        applied = await super().apply(records)
-        self.seen += len(records)
-        return applied
+class Counting(CountsRecords, LedgerConsumer):
+    pass
 
 
 async def publish_terminal_runs(
@@ -99,11 +92,17 @@ async def test_a_consumer_killed_before_its_offset_commit_does_not_bill_twice(
     consumer = Counting(engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000)
     num_events = 4 * len(run_ids)
 
-    async def redelivered_and_all_billed() -> bool:
-        # The killed consumer may have billed every run: wait for the events it took too.
-        return consumer.seen >= num_events and await num_billed(store, run_ids) == len(run_ids)
+    async def redelivered_billed_and_committed() -> bool:
+        # The killed consumer may have billed every run: wait for the events it took too, and
+        # for their offsets, which a batch that bills nothing commits within the interval.
+        return (
+            consumer.seen >= num_events
+            and await num_billed(store, run_ids) == len(run_ids)
+            and sum(o or 0 for o in await committed_offsets(kafka_bootstrap, kafka_topic))
+            == num_events
+        )
 
-    await consume(consumer, redelivered_and_all_billed)
+    await consume(consumer, redelivered_billed_and_committed)
     assert consumer.seen == num_events
     # Offsets start at 0 on each partition of the fresh topic: committed past every event.
     assert sum(offset or 0 for offset in await committed_offsets(kafka_bootstrap, kafka_topic)) == (
