@@ -66,6 +66,7 @@ static void gemm(const Weights *kind, const float *x, const void *panels, const 
     int64_t chunk = num_panels / ((int64_t)CHUNKS_PER_THREAD * (threads > 1 ? threads : 1));
     chunk = chunk > 0 ? chunk : 1;
     const int64_t chunks = (num_panels + chunk - 1) / chunk;
+    const int64_t panel_bytes = K * NR * kind->element_size;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
     for (int64_t task = 0; task < row_blocks * chunks; task++) {
         const int64_t m0 = task / chunks * MC, rows = M - m0 < MC ? M - m0 : MC;
@@ -76,8 +77,8 @@ static void gemm(const Weights *kind, const float *x, const void *panels, const 
             const int last = k0 + depth == K;
             for (int64_t p = start; p < stop; p++) {
                 const int64_t n = p * NR, width = N - n < NR ? N - n : NR;
-                const int64_t panel_bytes = K * NR * kind->element_size;
-                const char *panel = (const char *)panels + p * panel_bytes + k0 * NR * kind->element_size;
+                const char *panel =
+                    (const char *)panels + p * panel_bytes + k0 * NR * kind->element_size;
                 rows_by_panel(kind, rows, depth, x + m0 * K + k0, K, panel, y + m0 * N + n, N,
                               width, k0 == 0, last && scale ? scale + n : 0,
                               last && bias ? bias + n : 0, p + 1 < stop ? panel + panel_bytes : 0);

@@ -79,7 +79,8 @@ static void attend(const Job *job, int64_t head, int64_t first, int rows, float 
     const float *keys = job->keys + kv_head * (job->padded / NR) * dim * NR;
     const float *q = job->q + first * job->ldq + head * dim;
     for (int64_t p = 0; p < panels; p++)
-        TILES[rows](dim, q, job->ldq, keys + p * dim * NR, scores + p * NR, job->padded, 1, 0, 0, 0);
+        TILES[rows](dim, q, job->ldq, keys + p * dim * NR, scores + p * NR, job->padded, 1, 0, 0,
+                    0);
     float inverse_sums[MR];
     for (int m = 0; m < rows; m++)
         inverse_sums[m] = softmax_row(scores + m * job->padded, offset + first + m + 1, width);
