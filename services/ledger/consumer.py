@@ -44,6 +44,10 @@ class LedgerConsumer(TrackingConsumer):
             topic=topic,
             name=LEDGER_GROUP,
             session_timeout_ms=session_timeout_ms,
+            # Brokers that answer an empty fetch only when this wait is over (the embedded
+            # one) are asked 10 times a second, not 20: each round costs the broker and the
+            # ledger CPU, with the stack idle too. Billing is what waits, not the tokens.
+            fetch_max_wait_ms=100,
         )
         self.prices = prices
         self._pending: list[Bill] = []
