@@ -84,14 +84,16 @@ async def consume_all(
 
 
 async def publish(
-    store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int
+    store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int, on_topic: int = 0
 ) -> list[str]:
+    """Starts `n` runs of two events each and relays them to `topic`, which holds `on_topic`
+    records already."""
     runs = [await start_run(store) for _ in range(n)]
     for run_id in runs:
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
     relay = OutboxRelay(engine, bootstrap, topic=topic)
     task = asyncio.create_task(relay.run())
-    await read_topic(bootstrap, topic, min_records=2 * n)
+    await read_topic(bootstrap, topic, min_records=on_topic + 2 * n)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return runs
@@ -135,26 +137,32 @@ class Seeing(CountsRecords, TrackingConsumer):
     pass
 
 
-async def test_batches_that_apply_nothing_commit_their_offsets_within_the_interval(
+async def test_offsets_are_committed_at_once_after_an_effect_else_within_the_interval(
     store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     await publish(store, engine, kafka_bootstrap, kafka_topic, 3)  # queued and prefill each
     await create_effects_table(engine)
 
-    async def read_everything(interval: float, until: Callable[[], Awaitable[bool]]) -> None:
+    async def read(
+        kinds: set[RunState] | None,
+        interval: float,
+        records: int,
+        until: Callable[[], Awaitable[bool]],
+    ) -> None:
+        """Consumes `kinds` until `records` records were handed over and `until` holds."""
         consumer = Seeing(
             engine,
             kafka_bootstrap,
             group_id=GROUP,
             handler=record_effect,
-            kinds={RunState.COMPLETED},
+            kinds=kinds,
             topic=kafka_topic,
             session_timeout_ms=2000,
             commit_interval=interval,
         )
         task = asyncio.create_task(consumer.run())
         try:
-            await wait_for(lambda: consumer.seen >= 6, timeout=30)
+            await wait_for(lambda: consumer.seen >= records, timeout=30)
             await wait_for(until, timeout=30)
         finally:
             task.cancel()
@@ -164,19 +172,20 @@ async def test_batches_that_apply_nothing_commit_their_offsets_within_the_interv
     async def committed_sum() -> int:
         return sum(o or 0 for o in (await committed_offsets(kafka_bootstrap, kafka_topic)).values())
 
-    async def two_more_polls() -> bool:
-        await asyncio.sleep(1.0)
-        return True
+    async def committed(total: int) -> bool:
+        return await committed_sum() == total
 
-    async def all_committed() -> bool:
-        return await committed_sum() == 6
-
-    # Nothing applies: with an hour's interval, nothing is committed after every event is read.
-    await read_everything(3600.0, two_more_polls)
+    # Nothing applies: with an hour's interval, nothing is committed after every event is
+    # read and two more polls.
+    await read({RunState.COMPLETED}, 3600.0, 6, lambda: asyncio.sleep(1.0, True))
     assert await committed_sum() == 0
     # Read again from the start; within a short interval the offsets are committed past all.
-    await read_everything(0.2, all_committed)
+    await read({RunState.COMPLETED}, 0.2, 6, lambda: committed(6))
     assert await applied_effects(engine) == {}
+    # New events that apply: committed at once, the hour's interval notwithstanding.
+    new_runs = await publish(store, engine, kafka_bootstrap, kafka_topic, 2, on_topic=6)
+    await read(None, 3600.0, 4, lambda: committed(10))
+    assert await applied_effects(engine) == {(r, s): 1 for r in new_runs for s in (1, 2)}
 
 
 async def rewind_group(bootstrap: str, topic: str, offsets: dict[TopicPartition, int]) -> None:
