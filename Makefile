@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast proto bench clean
+.PHONY: run test test-fast lint proto bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): $(PY) pyproject.toml
 
 ## make run: start the local stack (tollgate up) and run a short demo; Ctrl-C stops it.
 run: $(STAMP)
-	$(PY) -m tollgate.demo
+	$(PY) -m services.stack.demo
 
 ## make test: the whole suite against a real PostgreSQL and Kafka-protocol broker.
 test: $(STAMP)
@@ -25,9 +25,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
+## make lint: what CI checks besides the tests (ruff, ruff format, mypy).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy engine services tollgate tools
+
 ## make proto: regenerate tollgate/v1/*_pb2*.py from protos/.
 proto: $(STAMP)
-	$(PY) -m tollgate.protogen
+	$(PY) -m tools.protogen
 
 clean:
 	rm -rf $(VENV) .tollgate

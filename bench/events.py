@@ -25,15 +25,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from bench.report import logs_to_stderr, percentile, progress
 from services.core.consumer import TrackingConsumer
-from services.core.db import create_engine
+from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
-from services.core.infra import LocalInfra, create_topic
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, NewRun, RunState
+from services.stack.infra import LocalInfra, create_topic
 from tollgate.v1 import events_pb2
 
 
@@ -81,7 +81,7 @@ def _event(index: int) -> NewEvent:
 
 
 async def run_phase(
-    engine: AsyncEngine,
+    db: Database,
     bootstrap: str,
     name: str,
     *,
@@ -98,8 +98,8 @@ async def run_phase(
     async def handler(_: AsyncConnection, event: events_pb2.RunEvent) -> None:
         applied[(event.run_id, event.seq)] = time.perf_counter()
 
-    relay = OutboxRelay(engine, bootstrap, topic=topic)
-    consumer = TrackingConsumer(engine, bootstrap, group_id=topic, handler=handler, topic=topic)
+    relay = OutboxRelay(db, bootstrap, topic=topic)
+    consumer = TrackingConsumer(db, bootstrap, group_id=topic, handler=handler, topic=topic)
     tasks = [asyncio.create_task(relay.run()), asyncio.create_task(consumer.run())]
     await relay.is_leader.wait()
     await consumer.started.wait()
@@ -107,7 +107,7 @@ async def run_phase(
     per_run = 32
     runs_per_writer = max(1, events // (per_run * writers))
     total = runs_per_writer * per_run * writers
-    store = EventStore(engine)
+    store = EventStore(db)
     started = time.perf_counter()
     await asyncio.gather(
         *(
@@ -129,7 +129,7 @@ async def run_phase(
 
 
 async def bench(args: argparse.Namespace, database_url: str, bootstrap: str) -> list[PhaseResult]:
-    engine = create_engine(database_url, pool_size=args.writers + 4)
+    db = open_db(database_url, pool_size=args.writers + 4)
     try:
         results = []
         phases = [
@@ -141,13 +141,13 @@ async def bench(args: argparse.Namespace, database_url: str, bootstrap: str) -> 
         for name, events, writers, batch, pace in phases:
             progress(f"phase {name}: {events} events, {writers} writers, batch {batch}")
             result = await run_phase(
-                engine, bootstrap, name, events=events, writers=writers, batch=batch, pace=pace
+                db, bootstrap, name, events=events, writers=writers, batch=batch, pace=pace
             )
             progress(f"phase {name}: {result.events_per_second:,.0f} events/s")
             results.append(result)
         return results
     finally:
-        await engine.dispose()
+        await db.dispose()
 
 
 def report(results: list[PhaseResult]) -> dict[str, float]:

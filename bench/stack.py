@@ -50,8 +50,8 @@ from bench.stack_sides import (
 )
 from bench.workload import MODEL_SHAPE as BENCH_MODEL_SHAPE
 from engine.config import EngineConfig
-from engine.tiny import init_tiny_model
 from engine.tokenizer import Tokenizer
+from engine.tools.tiny import init_tiny_model
 
 MODEL_SHAPES: dict[str, dict[str, Any]] = {
     # Engine steps, not the engine's Python, dominate the in-process run.

@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
-from services.core.infra import LocalInfra
+from services.stack.infra import LocalInfra
 from services.stack.launcher import Services, StackConfig
 from tollgate import AdminClient, AsyncClient
 

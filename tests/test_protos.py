@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from tollgate import protogen
 from tollgate.v1 import events_pb2, gateway_pb2
+from tools import protogen
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 # Modules that expose `register(subparsers)`; each adds its own subcommands
 # and sets `func` on its parsers.
 COMMAND_MODULES = (
-    "services.core.infra_cli",
+    "services.stack.infra_cli",
     "services.stack.cli",
-    "engine.cli",
+    "engine.tools.cli",
     "tollgate.commands",
 )
 

@@ -1,5 +1,5 @@
-from services.core.infra_process import follow_parent
 from services.core.loop import run
+from services.core.parent import follow_parent
 
 follow_parent()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.requests import GenerateParams
-from services.core.db import driver_cursor, single_statement
+from services.core.db import Database, driver_cursor, single_statement
 from services.core.errors import NotFound, QuotaExceeded
 from services.core.eventstore import Append, append_in, view_from_row
 from services.core.runs import NewEvent, NewRun, RunState, RunView, StoredEvent
@@ -50,14 +50,14 @@ class Admitted:
     tenant_weight: int
 
 
-async def admit(engine: AsyncEngine, admission: Admission) -> Admitted:
+async def admit(db: Database, admission: Admission) -> Admitted:
     """Appends `queued`, then checks the tenant's quotas and reserves KV blocks.
 
     Raises QuotaExceeded, or IdempotencyKeyTaken when another run holds the key. The
     tenant row lock serializes this tenant's admissions, so it is taken last: held for
     one statement and the commit, not for the whole transaction.
     """
-    async with engine.begin() as conn:
+    async with db.begin() as conn:
         new_run = NewRun(
             tenant_id=admission.tenant_id,
             model=admission.params.model,
@@ -133,8 +133,8 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
     )
 
 
-async def find_by_idempotency_key(engine: AsyncEngine, tenant_id: str, key: str) -> RunView | None:
-    async with single_statement(engine) as conn:
+async def find_by_idempotency_key(db: Database, tenant_id: str, key: str) -> RunView | None:
+    async with single_statement(db) as conn:
         row = (
             await conn.execute(
                 sa.select(runs).where(runs.c.tenant_id == tenant_id, runs.c.idempotency_key == key)

@@ -16,7 +16,7 @@ from services.admission.requests import Limits
 from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
 from services.core.config import CommonSettings, env_float, env_int, env_map, env_str
-from services.core.db import create_engine
+from services.core.db import open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.server import create_server, serve, start_metrics
@@ -81,13 +81,13 @@ async def main() -> None:
     configure_logging("admission")
     configure_tracing("admission")
     settings = AdmissionSettings.from_env()
-    engine = create_engine(settings.common.database_url)
+    db = open_db(settings.common.database_url)
     catalog = ModelCatalog.load(settings.models)
     feed = RunFeed(settings.common.database_url)
     scheduler = None
     background = [
         feed.run(),
-        OutboxRelay(engine, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
+        OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
     ]
     depth = QueueDepth()
     hints = None
@@ -97,10 +97,10 @@ async def main() -> None:
         background.append(watch_queue_depth(scheduler, depth))
         hints = QueuedHints(scheduler)
     gateway = Gateway(
-        engine,
+        db,
         catalog,
         feed,
-        Canceller(EventStore(engine), scheduler),
+        Canceller(EventStore(db), scheduler),
         settings.config,
         depth,
         on_queued=hints,
@@ -109,7 +109,7 @@ async def main() -> None:
     def add_servicers(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(engine, settings.admin_token), server
+            AdminServicer(db, settings.admin_token), server
         )
 
     server, port, health = create_server(settings.common.listen, add_servicers)
@@ -121,4 +121,4 @@ async def main() -> None:
         await serve(server, health, SERVICES, background)
     finally:
         await gateway.aclose()
-        await engine.dispose()
+        await db.dispose()

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import structlog
 from prometheus_client import Counter as MetricCounter
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.admit import Admission, Admitted, admit, find_by_idempotency_key
 from services.admission.cancel import Canceller
@@ -24,6 +23,7 @@ from services.admission.requests import (
     validate,
 )
 from services.admission.stream import RunFeed, stream_events
+from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused, Unavailable
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
 from services.core.runs import TERMINAL_STATES, RunState, RunView, StoredEvent
@@ -56,7 +56,7 @@ class GatewayConfig:
 class Gateway:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         catalog: ModelCatalog,
         feed: RunFeed,
         canceller: Canceller,
@@ -65,8 +65,8 @@ class Gateway:
         on_queued: Callable[[Admitted], None] | None = None,
     ) -> None:
         """`on_queued` is told of each new run once its `queued` event is committed."""
-        self.engine = engine
-        self.store = EventStore(engine)
+        self.db = db
+        self.store = EventStore(db)
         self.catalog = catalog
         self.feed = feed
         self.canceller = canceller
@@ -112,7 +112,7 @@ class Gateway:
             span.set_attribute("tollgate.run_id", admission.run_id)
             span.set_attribute("gen_ai.usage.input_tokens", len(prompt_token_ids))
             try:
-                admitted = await admit(self.engine, admission)
+                admitted = await admit(self.db, admission)
             except IdempotencyKeyTaken:
                 existing = await self._existing(tenant_id, params)
                 assert existing is not None
@@ -138,7 +138,7 @@ class Gateway:
     async def _existing(self, tenant_id: str, params: GenerateParams) -> RunView | None:
         if not params.idempotency_key:
             return None
-        return await find_by_idempotency_key(self.engine, tenant_id, params.idempotency_key)
+        return await find_by_idempotency_key(self.db, tenant_id, params.idempotency_key)
 
     def _same_request(self, existing: RunView, params: GenerateParams) -> str:
         if existing.request_hash != params.request_hash():

@@ -7,9 +7,8 @@ import binascii
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import single_statement
+from services.core.db import Database, single_statement
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.eventstore import EventStore, view_from_row
 from services.core.runs import RunView
@@ -28,7 +27,7 @@ async def get_tenant_run(store: EventStore, tenant_id: str, run_id: str) -> RunV
 
 
 async def list_runs(
-    engine: AsyncEngine, tenant_id: str, page_size: int, page_token: str
+    db: Database, tenant_id: str, page_size: int, page_token: str
 ) -> tuple[list[RunView], str]:
     if page_size < 0:
         raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
@@ -40,7 +39,7 @@ async def list_runs(
             sa.tuple_(runs.c.created_at, runs.c.run_id) < sa.tuple_(created_at, run_id)
         )
     query = query.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(size + 1)
-    async with single_statement(engine) as conn:
+    async with single_statement(db) as conn:
         rows = [view_from_row(row._mapping) for row in await conn.execute(query)]
     if len(rows) <= size:
         return rows, ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.convert import (
     key_to_proto,
@@ -17,6 +16,7 @@ from services.admission.gateway import Gateway
 from services.admission.runs_query import get_tenant_run, list_runs
 from services.admission.tenants import TenantRepository
 from services.core.auth import authenticate, bearer_token, is_admin_token
+from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
 from services.core.telemetry import bound_log_context, get_tracer
 from tollgate.v1 import admin_pb2, admin_pb2_grpc, events_pb2, gateway_pb2, gateway_pb2_grpc
@@ -27,7 +27,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.gateway = gateway
 
     async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
-        principal = await authenticate(self.gateway.engine, context.invocation_metadata())
+        principal = await authenticate(self.gateway.db, context.invocation_metadata())
         assert principal.tenant_id is not None
         return principal.tenant_id
 
@@ -89,7 +89,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.ListRunsResponse:
         tenant_id = await self._tenant(context)
         page, token = await list_runs(
-            self.gateway.engine, tenant_id, request.page_size, request.page_token
+            self.gateway.db, tenant_id, request.page_size, request.page_token
         )
         return gateway_pb2.ListRunsResponse(
             runs=[run_to_proto(r) for r in page], next_page_token=token
@@ -97,8 +97,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, engine: AsyncEngine, admin_token: str) -> None:
-        self.tenants = TenantRepository(engine)
+    def __init__(self, db: Database, admin_token: str) -> None:
+        self.tenants = TenantRepository(db)
         self.admin_token = admin_token
 
     def _require_admin(self, context: grpc.aio.ServicerContext) -> None:

@@ -9,10 +9,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.auth import new_key
-from services.core.db import single_statement
+from services.core.db import Database, single_statement
 from services.core.errors import FailedPrecondition, NotFound
 from services.core.schema import api_keys, tenants
 
@@ -35,13 +34,13 @@ class KeyRecord:
 
 
 class TenantRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     async def create(self, name: str, weight: int) -> TenantRecord:
         tenant_id = f"ten_{secrets.token_hex(8)}"
         try:
-            async with self.engine.begin() as conn:
+            async with self.db.begin() as conn:
                 await conn.execute(
                     tenants.insert().values(
                         tenant_id=tenant_id,
@@ -55,7 +54,7 @@ class TenantRepository:
         return await self.get(tenant_id)
 
     async def get(self, tenant_id: str) -> TenantRecord:
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             row = (
                 await conn.execute(sa.select(tenants).where(tenants.c.tenant_id == tenant_id))
             ).first()
@@ -64,19 +63,19 @@ class TenantRepository:
         return _tenant(row._mapping)
 
     async def find_by_name(self, name: str) -> TenantRecord | None:
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             row = (await conn.execute(sa.select(tenants).where(tenants.c.name == name))).first()
         return _tenant(row._mapping) if row else None
 
     async def list(self) -> list[TenantRecord]:
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             rows = await conn.execute(sa.select(tenants).order_by(tenants.c.created_at))
         return [_tenant(row._mapping) for row in rows]
 
     async def set_quota(
         self, tenant_id: str, max_kv_blocks: int, max_concurrent_runs: int
     ) -> TenantRecord:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             updated = await conn.execute(
                 tenants.update()
                 .where(tenants.c.tenant_id == tenant_id)
@@ -89,7 +88,7 @@ class TenantRepository:
     async def create_key(self, tenant_id: str) -> KeyRecord:
         await self.get(tenant_id)
         key = new_key()
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(
                 api_keys.insert().values(
                     key_id=key.key_id,
@@ -101,7 +100,7 @@ class TenantRepository:
         return KeyRecord(key.key_id, tenant_id, key.secret, revoked=False)
 
     async def revoke_key(self, key_id: str) -> KeyRecord:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             row = (
                 await conn.execute(
                     api_keys.update()

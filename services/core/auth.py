@@ -13,9 +13,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from services.core.db import driver_cursor, single_statement
+from services.core.db import Database, driver_cursor, single_statement
 from services.core.errors import Unauthenticated
 
 KEY_PREFIX = "tg_"
@@ -77,7 +75,7 @@ _KEY = "SELECT tenant_id, secret_hash FROM api_keys WHERE key_id = %s AND revoke
 
 
 async def authenticate(
-    engine: AsyncEngine,
+    db: Database,
     metadata: Sequence[tuple[str, str | bytes]] | None,
     *,
     admin_token: str = "",
@@ -93,7 +91,7 @@ async def authenticate(
     if parts is None:
         raise Unauthenticated("invalid API key")
     key_id, secret = parts
-    async with single_statement(engine) as conn, driver_cursor(conn) as cursor:
+    async with single_statement(db) as conn, driver_cursor(conn) as cursor:
         await cursor.execute(_KEY, (key_id,))
         row = await cursor.fetchone()
     # Compare even when the key is unknown, so timing does not tell which part was wrong.

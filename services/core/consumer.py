@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.codec import kind_of
-from services.core.db import driver_cursor
+from services.core.db import Database, driver_cursor
 from services.core.relay import RUN_EVENTS_TOPIC
 from services.core.runs import RunState
 from tollgate.v1 import events_pb2
@@ -49,7 +49,7 @@ class TrackingConsumer:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         bootstrap: str,
         *,
         group_id: str,
@@ -61,7 +61,7 @@ class TrackingConsumer:
         fetch_max_wait_ms: int = 50,
         commit_interval: float = 1.0,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.bootstrap = bootstrap
         self.group_id = group_id
         self.handler = handler
@@ -124,7 +124,7 @@ class TrackingConsumer:
         # cannot deadlock. The sort is stable, so each run's events keep their order.
         events.sort(key=lambda event: event.run_id)
         applied = 0
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             new = await self._track(conn, events)
             for event in events:
                 key = (event.run_id, event.seq)

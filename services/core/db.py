@@ -1,4 +1,4 @@
-"""Database connections: one async SQLAlchemy engine per process."""
+"""The database handle: one pool of connections per process, called `db` everywhere."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 # Notified in the transaction that appends events; delivered when it commits.
 EVENTS_CHANNEL = "tollgate_run_events"
 
+# SQLAlchemy names its pool an engine; here the engine is the model's.
+Database = AsyncEngine
+
 
 def sqlalchemy_url(url: str) -> str:
     """Accepts libpq-style `postgresql://` URLs and selects the psycopg 3 driver."""
@@ -28,20 +31,21 @@ def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def open_db(url: str, *, pool_size: int = 10) -> Database:
+    """The process's pool; connections open on first use."""
     return create_async_engine(
         sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False
     )
 
 
 @contextlib.asynccontextmanager
-async def single_statement(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+async def single_statement(db: Database) -> AsyncIterator[AsyncConnection]:
     """A pooled connection for one statement, which is then its own transaction: one
     round trip instead of three (BEGIN, the statement, COMMIT or ROLLBACK).
 
     Only for a single statement: two would each see their own snapshot and commit apart.
     """
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import sqlalchemy as sa
 from psycopg import AsyncCursor
 from psycopg.types.json import Jsonb
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.core.db import EVENTS_CHANNEL, driver_cursor, single_statement
+from services.core.db import EVENTS_CHANNEL, Database, driver_cursor, single_statement
 from services.core.runs import (
     EventStoreError,
     NewEvent,
@@ -306,8 +306,8 @@ def event_from_row(row: Mapping[Any, Any]) -> StoredEvent:
 class EventStore:
     """The append/read interface every service uses."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     async def append(
         self,
@@ -320,12 +320,12 @@ class EventStore:
         traceparent: str = "",
     ) -> list[StoredEvent]:
         append = Append(run_id, expected_seq, events, new_run, lease_epoch, traceparent)
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             return await append_in(conn, append)
 
     async def append_batch(self, appends: Sequence[Append]) -> list[StoredEvent]:
         """Appends to several runs in one transaction: all land or none does."""
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             return await append_all_in(conn, appends)
 
     async def read(
@@ -337,17 +337,17 @@ class EventStore:
             .order_by(run_events.c.seq)
             .limit(limit)
         )
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             return [event_from_row(row._mapping) for row in await conn.execute(query)]
 
     async def get_run(self, run_id: str) -> RunView | None:
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             row = (await conn.execute(sa.select(runs).where(runs.c.run_id == run_id))).first()
         return view_from_row(row._mapping) if row else None
 
     async def acquire_lease(self, run_id: str, owner: str) -> int:
         """Moves the run to a new lease epoch owned by `owner`; older epochs are fenced off."""
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             epoch = await conn.scalar(
                 runs.update()
                 .where(runs.c.run_id == run_id)

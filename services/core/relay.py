@@ -23,11 +23,10 @@ import psycopg
 import structlog
 from aiokafka import AIOKafkaProducer
 from psycopg.rows import dict_row
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.codec import cloudevent_headers, to_proto
 from services.core.config import RUN_EVENTS_TOPIC
-from services.core.db import EVENTS_CHANNEL, libpq_url
+from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import event_from_row
 from services.core.runs import StoredEvent
 from services.core.telemetry import get_meter
@@ -44,7 +43,7 @@ _published = get_meter().create_counter("tollgate.relay.events_published", unit=
 class OutboxRelay:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         bootstrap: str,
         *,
         topic: str = RUN_EVENTS_TOPIC,
@@ -53,7 +52,7 @@ class OutboxRelay:
         takeover_interval: float = 0.5,
         lock_key: int = RELAY_LOCK_KEY,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.bootstrap = bootstrap
         self.topic = topic
         self.batch_size = batch_size
@@ -64,7 +63,7 @@ class OutboxRelay:
 
     async def run(self) -> None:
         """Waits for the relay lock, then publishes until cancelled."""
-        conninfo = libpq_url(self.engine.url.render_as_string(hide_password=False))
+        conninfo = libpq_url(self.db.url.render_as_string(hide_password=False))
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:

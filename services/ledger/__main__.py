@@ -1,7 +1,7 @@
-from services.core.infra_process import follow_parent
+from services.core.parent import follow_parent
 
 follow_parent()
 
-from services.ledger.main import main  # noqa: E402
+from services.ledger.app import main  # noqa: E402
 
 main()

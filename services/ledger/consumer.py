@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 import structlog
 from aiokafka import ConsumerRecord
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.consumer import TrackingConsumer
+from services.core.db import Database
 from services.core.runs import TERMINAL_STATES
 from services.core.telemetry import bound_log_context, get_tracer
 from services.ledger.billing import Bill, bill_run
@@ -27,7 +28,7 @@ class LedgerConsumer(TrackingConsumer):
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         bootstrap: str,
         prices: PriceTable,
         *,
@@ -36,7 +37,7 @@ class LedgerConsumer(TrackingConsumer):
     ) -> None:
         # Tracking rows carry the plain name whatever the topic: a run is billed once.
         super().__init__(
-            engine,
+            db,
             bootstrap,
             group_id=consumer_group(LEDGER_GROUP, topic),
             handler=self.bill,

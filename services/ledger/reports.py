@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from services.core.auth import Principal
+from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from services.ledger import paging, repository
 from services.ledger.pricing import BILLING_TYPES, LedgerEntry
@@ -29,7 +28,7 @@ class EntriesPage:
 
 
 async def list_entries(
-    engine: AsyncEngine,
+    db: Database,
     tenant_id: str | None,
     run_id: str,
     requested_page_size: int,
@@ -41,7 +40,7 @@ async def list_entries(
     except paging.BadPageRequest as exc:
         raise InvalidArgument([FieldViolation(exc.field, exc.description)]) from None
     where = repository.EntryFilter(tenant_id, run_id or None)
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         if run_id:
             owner = await repository.run_tenant(conn, run_id)
             if owner is None or (tenant_id is not None and owner != tenant_id):
@@ -79,7 +78,7 @@ class Usage:
 
 
 async def usage(
-    engine: AsyncEngine,
+    db: Database,
     tenant_id: str | None,
     start: datetime | None,
     end: datetime | None,
@@ -88,7 +87,7 @@ async def usage(
     """Totals of entries created in [start, end), one line per billing type."""
     if start is not None and end is not None and end < start:
         raise InvalidArgument([FieldViolation("end_time", "must not be before start_time")])
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         totals = await repository.usage_totals(conn, tenant_id, start, end)
     # The standard types always appear, so a client reads zeros rather than absences.
     types = [*BILLING_TYPES, *sorted(set(totals.quantities) - set(BILLING_TYPES))]
@@ -108,9 +107,9 @@ class Reconciliation:
         return not (self.unbilled_run_ids or self.unreleased_run_ids or self.mismatched_run_ids)
 
 
-async def reconcile(engine: AsyncEngine, tenant_id: str | None, grace: float) -> Reconciliation:
+async def reconcile(db: Database, tenant_id: str | None, grace: float) -> Reconciliation:
     """What the ledger owes or got wrong: each list holds at most MAX_REPORTED_RUNS ids."""
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         return Reconciliation(
             unbilled_run_ids=await repository.overdue_run_ids(conn, grace, tenant_id),
             unreleased_run_ids=await repository.unreleased_run_ids(conn, tenant_id),

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import grpc
 from google.protobuf import timestamp_pb2
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.auth import Principal, authenticate
+from services.core.db import Database
 from services.core.errors import rpc_errors
 from services.ledger import reports
 from services.ledger.pricing import LedgerEntry
@@ -17,16 +17,16 @@ from tollgate.v1 import events_pb2, ledger_pb2, ledger_pb2_grpc
 
 class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
     def __init__(
-        self, engine: AsyncEngine, *, admin_token: str, currency: str, sweep_grace: float
+        self, db: Database, *, admin_token: str, currency: str, sweep_grace: float
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.admin_token = admin_token
         self.currency = currency
         self.sweep_grace = sweep_grace
 
     async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         return await authenticate(
-            self.engine,
+            self.db,
             context.invocation_metadata(),
             admin_token=self.admin_token,
             allow_admin=True,
@@ -38,7 +38,7 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
     ) -> ledger_pb2.ListLedgerEntriesResponse:
         tenant_id = reports.visible_tenant(await self._principal(context), request.tenant_id)
         page = await reports.list_entries(
-            self.engine, tenant_id, request.run_id, request.page_size, request.page_token
+            self.db, tenant_id, request.run_id, request.page_size, request.page_token
         )
         return ledger_pb2.ListLedgerEntriesResponse(
             entries=[entry_to_proto(entry) for entry in page.entries],
@@ -51,7 +51,7 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
     ) -> ledger_pb2.GetUsageResponse:
         tenant_id = reports.visible_tenant(await self._principal(context), request.tenant_id)
         usage = await reports.usage(
-            self.engine,
+            self.db,
             tenant_id,
             _time(request, "start_time"),
             _time(request, "end_time"),
@@ -77,7 +77,7 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
         self, request: ledger_pb2.GetReconciliationRequest, context: grpc.aio.ServicerContext
     ) -> ledger_pb2.Reconciliation:
         tenant_id = reports.visible_tenant(await self._principal(context), "")
-        report = await reports.reconcile(self.engine, tenant_id, self.sweep_grace)
+        report = await reports.reconcile(self.db, tenant_id, self.sweep_grace)
         return ledger_pb2.Reconciliation(
             ok=report.ok,
             unbilled_run_ids=report.unbilled_run_ids,

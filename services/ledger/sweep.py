@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import single_statement
+from services.core.db import Database, single_statement
 from services.core.runs import EventStoreError
 from services.core.telemetry import bound_log_context, get_tracer
 from services.ledger import repository
@@ -27,14 +26,14 @@ log = structlog.get_logger(__name__)
 class Sweeper:
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         prices: PriceTable,
         *,
         interval: float = 5.0,
         grace: float = 10.0,
         batch_size: int = 100,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.prices = prices
         self.interval = interval
         self.grace = grace
@@ -53,7 +52,7 @@ class Sweeper:
         """Bills every overdue run, each in its own transaction; returns the bills."""
         bills: list[Bill] = []
         while True:
-            async with single_statement(self.engine) as conn:
+            async with single_statement(self.db) as conn:
                 run_ids = await repository.overdue_run_ids(conn, self.grace, limit=self.batch_size)
             billed = [bill for run_id in run_ids if (bill := await self.bill_one(run_id))]
             bills.extend(billed)
@@ -64,7 +63,7 @@ class Sweeper:
     async def bill_one(self, run_id: str) -> Bill | None:
         with bound_log_context(run_id=run_id), get_tracer().start_as_current_span("ledger.sweep"):
             try:
-                async with self.engine.begin() as conn:
+                async with self.db.begin() as conn:
                     bill = await bill_run(conn, run_id, self.prices)
             except EventStoreError as exc:
                 log.warning("sweep could not bill run", error=str(exc))

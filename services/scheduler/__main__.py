@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from services.core.config import ConfigError
-from services.core.infra_process import follow_parent
 from services.core.loop import run
+from services.core.parent import follow_parent
 from services.scheduler.app import serve
 from services.scheduler.config import SchedulerSettings
 

@@ -10,10 +10,9 @@ from typing import Any
 import grpc
 import structlog
 from grpc_health.v1 import health
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core import server as core_server
-from services.core.db import create_engine
+from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.telemetry import configure_logging, configure_tracing
@@ -40,14 +39,14 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 class SchedulerApp:
     """Every part of one scheduler; `background()` are the loops the process runs."""
 
-    def __init__(self, settings: SchedulerSettings, engine: AsyncEngine) -> None:
+    def __init__(self, settings: SchedulerSettings, db: Database) -> None:
         self.settings = settings
         registry = WorkerRegistry()
         for worker_id, address in settings.workers.items():
             registry.add_static(worker_id, address)
         self.state = SchedulerState(registry, settings.max_skip_age)
-        self.store = EventStore(engine)
-        self.repository = SchedulerRepository(engine, settings.block_size)
+        self.store = EventStore(db)
+        self.repository = SchedulerRepository(db, settings.block_size)
         self.clients = WorkerClients()
         self.intake = Intake(self.state, self.repository)
         self.tracker = AssignmentTracker(self.state, self.repository)
@@ -73,9 +72,7 @@ class SchedulerApp:
             topic=settings.common.topic,
             session_timeout_ms=settings.kafka_session_timeout_ms,
         )
-        self.relay = OutboxRelay(
-            engine, settings.common.kafka_bootstrap, topic=settings.common.topic
-        )
+        self.relay = OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic)
         self.servicer = SchedulerServicer(
             self.state,
             Canceller(self.state, self.store, self.repository, self.clients),
@@ -139,8 +136,8 @@ async def serve(settings: SchedulerSettings) -> None:
     """Runs the scheduler until SIGTERM/SIGINT."""
     configure_logging("scheduler")
     configure_tracing("scheduler")
-    engine = create_engine(settings.common.database_url)
-    app = SchedulerApp(settings, engine)
+    db = open_db(settings.common.database_url)
+    app = SchedulerApp(settings, db)
     server, port, health_servicer = create_server(settings.common.listen, app)
     metrics_port = core_server.start_metrics(settings.common.metrics_port)
     log.info(
@@ -155,4 +152,4 @@ async def serve(settings: SchedulerSettings) -> None:
         )
     finally:
         await app.close()
-        await engine.dispose()
+        await db.dispose()

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import driver_cursor, single_statement
+from services.core.db import Database, driver_cursor, single_statement
 from services.core.runs import RunState
 from services.core.schema import run_events, runs, tenants
 from services.scheduler.records import QueuedRun, RunStatus, queued_run
@@ -24,8 +23,8 @@ _LEASE_IF_QUEUED = """
 
 
 class SchedulerRepository:
-    def __init__(self, engine: AsyncEngine, block_size: int = 16) -> None:
-        self.engine = engine
+    def __init__(self, db: Database, block_size: int = 16) -> None:
+        self.db = db
         self.block_size = block_size
 
     async def queued_run_ids(self) -> list[str]:
@@ -35,7 +34,7 @@ class SchedulerRepository:
             .where(runs.c.state == str(RunState.QUEUED))
             .order_by(runs.c.created_at)
         )
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             return list((await conn.scalars(query)).all())
 
     async def load_queued(self, run_ids: Collection[str]) -> list[QueuedRun]:
@@ -74,7 +73,7 @@ class SchedulerRepository:
             .where(runs.c.state == str(RunState.QUEUED), runs.c.run_id.in_(list(run_ids)))
             .order_by(runs.c.created_at)
         )
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             return [self._queued_run(row._mapping) for row in await conn.execute(query)]
 
     def _queued_run(self, row: sa.RowMapping) -> QueuedRun:
@@ -100,7 +99,7 @@ class SchedulerRepository:
         The guard keeps a run that ended meanwhile (a cancel) from being handed out, and
         one queued again since (its worker was lost) from going out with stale details.
         """
-        async with single_statement(self.engine) as conn, driver_cursor(conn) as cursor:
+        async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
             await cursor.execute(_LEASE_IF_QUEUED, (owner, run_id, str(RunState.QUEUED), last_seq))
             row = await cursor.fetchone()
         return (int(row["lease_epoch"]), int(row["last_seq"])) if row else None
@@ -123,7 +122,7 @@ class SchedulerRepository:
             runs.c.lease_epoch,
             runs.c.last_seq,
         ).where(condition)
-        async with single_statement(self.engine) as conn:
+        async with single_statement(self.db) as conn:
             rows = (await conn.execute(query)).all()
         return {
             row.run_id: RunStatus(

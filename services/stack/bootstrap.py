@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from services.admission.tenants import KeyRecord, TenantRepository
+from services.core.db import Database
 
 DEMO_TENANT = "demo"
 
 
-async def demo_key(engine: AsyncEngine) -> KeyRecord:
+async def demo_key(db: Database) -> KeyRecord:
     """A new key of the demo tenant, creating the tenant on first use."""
-    tenants = TenantRepository(engine)
+    tenants = TenantRepository(db)
     tenant = await tenants.find_by_name(DEMO_TENANT) or await tenants.create(DEMO_TENANT, 1)
     return await tenants.create_key(tenant.tenant_id)

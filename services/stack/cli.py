@@ -14,12 +14,12 @@ from typing import Any
 
 import structlog
 
-from services.core.db import create_engine
-from services.core.infra import LocalInfra
-from services.core.infra_process import InfraError
+from services.core.db import open_db
 from services.core.telemetry import configure_logging
 from services.stack.bootstrap import demo_key
+from services.stack.infra import LocalInfra
 from services.stack.launcher import Services, StackConfig
+from services.stack.server_process import InfraError
 
 DEFAULT_DATA_DIR = Path(".tollgate/stack")
 STACK_FILE = "stack.json"
@@ -55,7 +55,7 @@ def ensure_model(args: argparse.Namespace, data_dir: Path) -> tuple[str, Path]:
         return args.model_name or args.model.name, args.model.resolve()
     model_dir = data_dir / "models" / DEMO_MODEL
     if not (model_dir / "config.json").exists():
-        from engine.tiny import init_tiny_model
+        from engine.tools.tiny import init_tiny_model
 
         log.info("generating the tiny demo model", path=str(model_dir))
         init_tiny_model(model_dir)
@@ -117,11 +117,11 @@ def up_command(args: argparse.Namespace) -> int:
 
 
 async def _demo_key(database_url: str) -> str:
-    engine = create_engine(database_url, pool_size=1)
+    db = open_db(database_url, pool_size=1)
     try:
-        return (await demo_key(engine)).secret
+        return (await demo_key(db)).secret
     finally:
-        await engine.dispose()
+        await db.dispose()
 
 
 def write_stack_file(path: Path, stack: dict[str, Any]) -> Path:

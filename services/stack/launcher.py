@@ -20,8 +20,9 @@ from pathlib import Path
 
 import structlog
 
-from services.core.infra import free_port
-from services.core.infra_process import InfraError, die_with_parent_env, stop_process
+from services.core.parent import die_with_parent_env
+from services.stack.infra import free_port
+from services.stack.server_process import InfraError, stop_process
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,7 @@
 import os
 
-from services.core.infra_process import follow_parent
 from services.core.loop import run
+from services.core.parent import follow_parent
 from services.worker.threads import set_openmp_wait
 
 follow_parent()

@@ -21,7 +21,7 @@ from services.core.config import (
     env_map,
     env_str,
 )
-from services.core.db import create_engine
+from services.core.db import open_db
 from services.core.eventstore import EventStore
 from services.core.server import create_server, serve, start_metrics
 from services.core.telemetry import configure_logging, configure_tracing
@@ -158,7 +158,7 @@ async def main() -> None:
     configure_logging("worker")
     configure_tracing("worker")
     settings = WorkerSettings.from_env()
-    db = create_engine(settings.common.database_url)
+    db = open_db(settings.common.database_url)
     store = EventStore(db)
     runs: dict[str, AssignedRun] = {}
     appender = StepAppender(

@@ -21,7 +21,7 @@ from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
 from engine.sampling import SamplingParams
-from engine.tiny import init_tiny_model
+from engine.tools.tiny import init_tiny_model
 
 
 def test_a_workload_is_seeded_and_within_its_ranges() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.infra import (
+from services.stack.infra import (
     Endpoints,
     create_database_from_template,
     drop_database,

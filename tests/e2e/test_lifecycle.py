@@ -10,6 +10,7 @@ from collections import Counter
 import grpc
 import pytest
 
+from services.stack.flaky_link import FlakyLink
 from tests.e2e.conftest import NUM_KV_BLOCKS, Stack
 from tollgate import Client
 from tollgate.errors import (
@@ -18,7 +19,6 @@ from tollgate.errors import (
     NotFoundError,
     UnauthenticatedError,
 )
-from tollgate.flaky_link import FlakyLink
 from tollgate.v1 import engine_pb2, engine_pb2_grpc
 
 MODEL = "tiny"

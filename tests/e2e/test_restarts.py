@@ -21,7 +21,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from services.core.db import libpq_url
-from services.core.infra import Endpoints
+from services.stack.infra import Endpoints
 from services.stack.launcher import ServiceProcess, Services
 from tests.e2e.conftest import ADMIN_TOKEN, Stack, running_stack, start_streaming
 from tollgate import AdminClient, Client

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.infra import Endpoints
+from services.stack.infra import Endpoints
 from services.stack.launcher import ServiceProcess, Services
 from tests.e2e.conftest import Stack, running_stack, start_streaming
 

@@ -12,7 +12,7 @@ from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model_config
 from engine.model_files import model_fingerprint
-from engine.tiny import init_tiny_model, train_tokenizer
+from engine.tools.tiny import init_tiny_model, train_tokenizer
 
 
 def edit_config(model_dir: Path, **changes: object) -> None:

@@ -21,7 +21,7 @@ from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.loader import load_model, load_model_config  # noqa: E402
 from engine.model_files import weight_files  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
-from engine.tiny import init_tiny_model  # noqa: E402
+from engine.tools.tiny import init_tiny_model  # noqa: E402
 from tests.engine.helpers import paged_logits  # noqa: E402
 
 ATOL = 1e-4

@@ -24,7 +24,7 @@ from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.sampling import SamplingParams
-from engine.tiny import init_tiny_model
+from engine.tools.tiny import init_tiny_model
 from tests.engine.helpers import paged_logits
 
 MIN_AGREEMENT = 0.9

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
@@ -22,7 +21,7 @@ from services.admission.requests import Limits
 from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
 from services.admission.tenants import TenantRepository
-from services.core.db import create_engine
+from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.server import create_server
@@ -39,7 +38,7 @@ class Admission:
     gateway: gateway_pb2_grpc.GatewayServiceStub
     admin: admin_pb2_grpc.AdminServiceStub
     store: EventStore
-    engine: AsyncEngine
+    db: Database
     tenants: TenantRepository
 
     async def new_tenant_key(self, name: str) -> tuple[str, str]:
@@ -56,11 +55,11 @@ def auth(key: str) -> tuple[tuple[str, str], ...]:
 async def admission(
     database_url: str, kafka_bootstrap: str, kafka_topic: str, tiny_model_dir: Path
 ) -> AsyncIterator[Admission]:
-    engine = create_engine(database_url)
-    store = EventStore(engine)
+    db = open_db(database_url)
+    store = EventStore(db)
     feed = RunFeed(database_url)
     gateway = Gateway(
-        engine,
+        db,
         ModelCatalog.load({MODEL: str(tiny_model_dir)}),
         feed,
         Canceller(store, None),
@@ -69,15 +68,13 @@ async def admission(
 
     def add(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(engine, ADMIN_TOKEN), server
-        )
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(db, ADMIN_TOKEN), server)
 
     server, port, _ = create_server("127.0.0.1:0", add)
     await server.start()
     tasks = [
         asyncio.create_task(feed.run()),
-        asyncio.create_task(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic).run()),
+        asyncio.create_task(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic).run()),
     ]
     await asyncio.wait_for(feed.listening.wait(), 20)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -88,8 +85,8 @@ async def admission(
             gateway_pb2_grpc.GatewayServiceStub(channel),
             admin_pb2_grpc.AdminServiceStub(channel),
             store,
-            engine,
-            TenantRepository(engine),
+            db,
+            TenantRepository(db),
         )
     finally:
         await channel.close()
@@ -99,4 +96,4 @@ async def admission(
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*tasks, return_exceptions=True)
-        await engine.dispose()
+        await db.dispose()

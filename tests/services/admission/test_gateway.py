@@ -41,7 +41,7 @@ def request(**overrides: object) -> events_pb2.GenerateRequest:
 
 
 async def count_runs(admission: Admission) -> int:
-    async with admission.engine.connect() as conn:
+    async with admission.db.connect() as conn:
         return int(await conn.scalar(sa.text("SELECT count(*) FROM runs")) or 0)
 
 
@@ -318,9 +318,7 @@ async def test_concurrent_admissions_never_exceed_the_quotas(admission: Admissio
             MODEL, f"run {i}", (), Sampling(max_tokens=4), "interactive", "", 60
         )
         try:
-            await admit(
-                admission.engine, NewAdmission(f"run_{i:032d}", tenant_id, params, [1, 2], 1)
-            )
+            await admit(admission.db, NewAdmission(f"run_{i:032d}", tenant_id, params, [1, 2], 1))
         except QuotaExceeded as refused:
             return str(refused)
         return "admitted"
@@ -334,9 +332,9 @@ async def test_concurrent_admissions_never_exceed_the_quotas(admission: Admissio
 def direct_gateway(admission: Admission, model_dir: Path, **options: Any) -> Gateway:
     """A Gateway on the test's database, called directly rather than through gRPC."""
     return Gateway(
-        admission.engine,
+        admission.db,
         ModelCatalog.load({MODEL: str(model_dir)}),
-        RunFeed(admission.store.engine.url.render_as_string(hide_password=False)),
+        RunFeed(admission.store.db.url.render_as_string(hide_password=False)),
         Canceller(admission.store, None),
         GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), max_queue_depth=3),
         **options,
@@ -358,7 +356,7 @@ async def test_the_scheduler_hears_of_each_new_run_once(
     [admitted] = hinted
     # The scheduler queues the hinted run as it would read it from the store; only the
     # creation time is its `queued` event's, a statement later than the projection row's.
-    repository = SchedulerRepository(admission.engine, block_size=16)
+    repository = SchedulerRepository(admission.db, block_size=16)
     [stored] = await repository.load_queued([run_id])
     from_hint = run_from_hint(hinted_run(admitted), 16)
     assert 0 <= from_hint.created_at - stored.created_at < 1.0

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from services.admission.stream import RunFeed, stream_events
-from services.core.db import EVENTS_CHANNEL, create_engine
+from services.core.db import EVENTS_CHANNEL, open_db
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.admission.worker_double import finish_run
@@ -23,9 +23,9 @@ NO_POLLING = 600.0
 
 @pytest.fixture
 async def store(database_url: str) -> AsyncIterator[EventStore]:
-    engine = create_engine(database_url)
-    yield EventStore(engine)
-    await engine.dispose()
+    db = open_db(database_url)
+    yield EventStore(db)
+    await db.dispose()
 
 
 @contextlib.asynccontextmanager
@@ -124,7 +124,7 @@ async def test_an_unreadable_notice_sends_the_stream_to_the_store(
     async with listening(feed) as task:
         reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
         await asyncio.sleep(0.2)
-        async with store.engine.connect() as conn:  # as from a version with a new kind
+        async with store.db.connect() as conn:  # as from a version with a new kind
             await conn.execute(
                 sa.text("SELECT pg_notify(:channel, :notice)"),
                 {"channel": EVENTS_CHANNEL, "notice": f'{run_id} {{"events": [{{"kind": "x"}}]}}'},
@@ -154,7 +154,7 @@ async def test_events_committed_while_the_listener_was_down_arrive(
     async with listening(feed):
         reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
         await asyncio.sleep(0.2)
-        async with store.engine.connect() as conn:
+        async with store.db.connect() as conn:
             ended = await conn.scalar(
                 sa.text(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "

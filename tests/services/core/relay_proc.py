@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from services.core.db import create_engine
+from services.core.db import open_db
 from services.core.relay import OutboxRelay
 from services.core.telemetry import configure_logging
 
@@ -23,9 +23,7 @@ class StallingRelay(OutboxRelay):
 
 
 async def main(database_url: str, bootstrap: str, topic: str) -> None:
-    relay = StallingRelay(
-        create_engine(database_url), bootstrap, topic=topic, takeover_interval=0.1
-    )
+    relay = StallingRelay(open_db(database_url), bootstrap, topic=topic, takeover_interval=0.1)
     task = asyncio.create_task(relay.run())
     await relay.is_leader.wait()
     print("leading", flush=True)

@@ -5,9 +5,10 @@ from collections.abc import Awaitable, Callable
 
 import sqlalchemy as sa
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.consumer import TrackingConsumer
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, RunState
@@ -29,14 +30,14 @@ async def record_effect(conn: AsyncConnection, event: events_pb2.RunEvent) -> No
     )
 
 
-async def applied_effects(engine: AsyncEngine) -> dict[tuple[str, int], int]:
-    async with engine.connect() as conn:
+async def applied_effects(db: Database) -> dict[tuple[str, int], int]:
+    async with db.connect() as conn:
         rows = await conn.execute(sa.text("SELECT run_id, seq, applied FROM effects"))
         return {(r.run_id, r.seq): r.applied for r in rows}
 
 
-async def create_effects_table(engine: AsyncEngine) -> None:
-    async with engine.begin() as conn:
+async def create_effects_table(db: Database) -> None:
+    async with db.begin() as conn:
         await conn.execute(
             sa.text(
                 "CREATE TABLE IF NOT EXISTS effects "
@@ -46,7 +47,7 @@ async def create_effects_table(engine: AsyncEngine) -> None:
 
 
 async def consume_all(
-    engine: AsyncEngine,
+    db: Database,
     bootstrap: str,
     topic: str,
     *,
@@ -56,9 +57,9 @@ async def consume_all(
 ) -> None:
     """Runs a tracking consumer until `min_events` distinct effects exist (and `until`
     holds, when given)."""
-    await create_effects_table(engine)
+    await create_effects_table(db)
     consumer = consumer_class(
-        engine,
+        db,
         bootstrap,
         group_id=GROUP,
         handler=record_effect,
@@ -71,7 +72,7 @@ async def consume_all(
         async def done() -> bool:
             if task.done():
                 return True
-            if len(await applied_effects(engine)) < min_events:
+            if len(await applied_effects(db)) < min_events:
                 return False
             return until is None or await until()
 
@@ -84,14 +85,14 @@ async def consume_all(
 
 
 async def publish(
-    store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int, on_topic: int = 0
+    store: EventStore, db: Database, bootstrap: str, topic: str, n: int, on_topic: int = 0
 ) -> list[str]:
     """Starts `n` runs of two events each and relays them to `topic`, which holds `on_topic`
     records already."""
     runs = [await start_run(store) for _ in range(n)]
     for run_id in runs:
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
-    relay = OutboxRelay(engine, bootstrap, topic=topic)
+    relay = OutboxRelay(db, bootstrap, topic=topic)
     task = asyncio.create_task(relay.run())
     await read_topic(bootstrap, topic, min_records=on_topic + 2 * n)
     task.cancel()
@@ -119,18 +120,18 @@ async def committed_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, 
 
 
 async def test_crash_between_effect_and_offset_commit_applies_nothing_twice(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    runs = await publish(store, engine, kafka_bootstrap, kafka_topic, 4)
+    runs = await publish(store, db, kafka_bootstrap, kafka_topic, 4)
     await consume_all(
-        engine, kafka_bootstrap, kafka_topic, min_events=1, consumer_class=CrashBeforeOffsetCommit
+        db, kafka_bootstrap, kafka_topic, min_events=1, consumer_class=CrashBeforeOffsetCommit
     )
-    first = await applied_effects(engine)
+    first = await applied_effects(db)
     assert first and all(n == 1 for n in first.values())
     assert not any((await committed_offsets(kafka_bootstrap, kafka_topic)).values())
 
-    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=8)
-    assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}
+    await consume_all(db, kafka_bootstrap, kafka_topic, min_events=8)
+    assert await applied_effects(db) == {(r, s): 1 for r in runs for s in (1, 2)}
 
 
 class Seeing(CountsRecords, TrackingConsumer):
@@ -138,10 +139,10 @@ class Seeing(CountsRecords, TrackingConsumer):
 
 
 async def test_offsets_are_committed_at_once_after_an_effect_else_within_the_interval(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    await publish(store, engine, kafka_bootstrap, kafka_topic, 3)  # queued and prefill each
-    await create_effects_table(engine)
+    await publish(store, db, kafka_bootstrap, kafka_topic, 3)  # queued and prefill each
+    await create_effects_table(db)
 
     async def read(
         kinds: set[RunState] | None,
@@ -151,7 +152,7 @@ async def test_offsets_are_committed_at_once_after_an_effect_else_within_the_int
     ) -> None:
         """Consumes `kinds` until `records` records were handed over and `until` holds."""
         consumer = Seeing(
-            engine,
+            db,
             kafka_bootstrap,
             group_id=GROUP,
             handler=record_effect,
@@ -181,11 +182,11 @@ async def test_offsets_are_committed_at_once_after_an_effect_else_within_the_int
     assert await committed_sum() == 0
     # Read again from the start; within a short interval the offsets are committed past all.
     await read({RunState.COMPLETED}, 0.2, 6, lambda: committed(6))
-    assert await applied_effects(engine) == {}
+    assert await applied_effects(db) == {}
     # New events that apply: committed at once, the hour's interval notwithstanding.
-    new_runs = await publish(store, engine, kafka_bootstrap, kafka_topic, 2, on_topic=6)
+    new_runs = await publish(store, db, kafka_bootstrap, kafka_topic, 2, on_topic=6)
     await read(None, 3600.0, 4, lambda: committed(10))
-    assert await applied_effects(engine) == {(r, s): 1 for r in new_runs for s in (1, 2)}
+    assert await applied_effects(db) == {(r, s): 1 for r in new_runs for s in (1, 2)}
 
 
 async def rewind_group(bootstrap: str, topic: str, offsets: dict[TopicPartition, int]) -> None:
@@ -212,12 +213,12 @@ async def rewind_group(bootstrap: str, topic: str, offsets: dict[TopicPartition,
 
 
 async def test_seeking_the_group_back_changes_no_state(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    runs = await publish(store, engine, kafka_bootstrap, kafka_topic, 5)
-    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=10)
+    runs = await publish(store, db, kafka_bootstrap, kafka_topic, 5)
+    await consume_all(db, kafka_bootstrap, kafka_topic, min_events=10)
     expected = {(r, s): 1 for r in runs for s in (1, 2)}
-    assert await applied_effects(engine) == expected
+    assert await applied_effects(db) == expected
 
     committed = await committed_offsets(kafka_bootstrap, kafka_topic)
     rewound = {tp: max(0, off - 3) for tp, off in committed.items() if off is not None}
@@ -229,22 +230,22 @@ async def test_seeking_the_group_back_changes_no_state(
         now = await committed_offsets(kafka_bootstrap, kafka_topic)
         return all(now[tp] == committed[tp] for tp in rewound)
 
-    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=10, until=read_again)
-    assert await applied_effects(engine) == expected
-    async with engine.connect() as conn:
+    await consume_all(db, kafka_bootstrap, kafka_topic, min_events=10, until=read_again)
+    assert await applied_effects(db) == expected
+    async with db.connect() as conn:
         tracked = await conn.scalar(sa.text("SELECT count(*) FROM consumer_tracking"))
     assert tracked == 10
 
 
 async def test_duplicate_delivery_in_one_batch_is_applied_once(
-    store: EventStore, engine: AsyncEngine
+    store: EventStore, db: Database
 ) -> None:
     from aiokafka.structs import ConsumerRecord
 
-    await create_effects_table(engine)
+    await create_effects_table(db)
     event = events_pb2.RunEvent(run_id=str(uuid.uuid4()), seq=1, state=events_pb2.RUN_STATE_QUEUED)
     record = ConsumerRecord("t", 0, 0, 0, 0, None, event.SerializeToString(), None, 0, 0, [])
-    consumer = TrackingConsumer(engine, "unused:0", group_id=GROUP, handler=record_effect)
+    consumer = TrackingConsumer(db, "unused:0", group_id=GROUP, handler=record_effect)
     assert await consumer.apply([record, record]) == 1
     assert await consumer.apply([record]) == 0
-    assert await applied_effects(engine) == {(event.run_id, 1): 1}
+    assert await applied_effects(db) == {(event.run_id, 1): 1}

@@ -6,10 +6,11 @@ import asyncio
 import pytest
 import sqlalchemy as sa
 from aiokafka.structs import ConsumerRecord
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.codec import to_proto
 from services.core.consumer import Handler, TrackingConsumer
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
 from tests.services.core.events import start_run, streaming
@@ -17,8 +18,8 @@ from tests.services.core.test_consumer import applied_effects, create_effects_ta
 from tollgate.v1 import events_pb2
 
 
-def consumer(engine: AsyncEngine, handler: Handler, name: str = "batches") -> TrackingConsumer:
-    return TrackingConsumer(engine, "unused:9092", group_id=name, handler=handler, name=name)
+def consumer(db: Database, handler: Handler, name: str = "batches") -> TrackingConsumer:
+    return TrackingConsumer(db, "unused:9092", group_id=name, handler=handler, name=name)
 
 
 async def records(store: EventStore, run_ids: list[str]) -> list[ConsumerRecord[bytes, bytes]]:
@@ -38,8 +39,8 @@ async def two_event_runs(store: EventStore, n: int) -> list[str]:
     return run_ids
 
 
-async def test_a_poll_is_one_transaction(engine: AsyncEngine, store: EventStore) -> None:
-    await create_effects_table(engine)
+async def test_a_poll_is_one_transaction(db: Database, store: EventStore) -> None:
+    await create_effects_table(db)
     run_ids = await two_event_runs(store, 3)
     poll = await records(store, run_ids)
     doomed = sorted(run_ids)[-1]
@@ -50,15 +51,15 @@ async def test_a_poll_is_one_transaction(engine: AsyncEngine, store: EventStore)
             raise RuntimeError("handler failed")
 
     with pytest.raises(RuntimeError):
-        await consumer(engine, fails_on_the_last_run).apply(poll)
+        await consumer(db, fails_on_the_last_run).apply(poll)
     # Nothing of the poll stayed: no effect and no tracking row, so it can be applied again.
-    assert await applied_effects(engine) == {}
-    assert await consumer(engine, record_effect).apply(poll) == 6
-    assert set((await applied_effects(engine)).values()) == {1}
+    assert await applied_effects(db) == {}
+    assert await consumer(db, record_effect).apply(poll) == 6
+    assert set((await applied_effects(db)).values()) == {1}
 
 
 async def test_handlers_see_runs_in_run_id_order_and_each_runs_events_in_order(
-    engine: AsyncEngine, store: EventStore
+    db: Database, store: EventStore
 ) -> None:
     run_ids = await two_event_runs(store, 4)
     seen: list[tuple[str, int]] = []
@@ -66,12 +67,12 @@ async def test_handlers_see_runs_in_run_id_order_and_each_runs_events_in_order(
     async def note(conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
         seen.append((event.run_id, event.seq))
 
-    await consumer(engine, note).apply(await records(store, sorted(run_ids, reverse=True)))
+    await consumer(db, note).apply(await records(store, sorted(run_ids, reverse=True)))
     assert seen == [(run_id, seq) for run_id in sorted(run_ids) for seq in (1, 2)]
 
 
 async def test_polls_over_the_same_runs_in_opposite_orders_do_not_deadlock(
-    engine: AsyncEngine, store: EventStore
+    db: Database, store: EventStore
 ) -> None:
     run_ids = await two_event_runs(store, 2)
     for run_id in run_ids:
@@ -88,8 +89,8 @@ async def test_polls_over_the_same_runs_in_opposite_orders_do_not_deadlock(
     backward = await records(store, run_ids[::-1])
     applied = await asyncio.wait_for(
         asyncio.gather(
-            consumer(engine, lock_run, "one").apply(forward),
-            consumer(engine, lock_run, "two").apply(backward),
+            consumer(db, lock_run, "one").apply(forward),
+            consumer(db, lock_run, "two").apply(backward),
         ),
         20,
     )

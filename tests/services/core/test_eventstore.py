@@ -3,9 +3,8 @@ import asyncio
 import psycopg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import EVENTS_CHANNEL, libpq_url
+from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import (
     Append,
     ConcurrencyConflict,
@@ -21,8 +20,8 @@ from tests.services.core.events import new_run_id, seqs, start_run, streaming
 S = RunState
 
 
-async def count_rows(engine: AsyncEngine, table: str, run_id: str) -> int:
-    async with engine.connect() as conn:
+async def count_rows(db: Database, table: str, run_id: str) -> int:
+    async with db.connect() as conn:
         query = sa.text(f"SELECT count(*) FROM {table} WHERE run_id = :r")
         return int(await conn.scalar(query, {"r": run_id}) or 0)
 
@@ -89,7 +88,7 @@ async def test_concurrent_first_appends_of_one_run(store: EventStore) -> None:
     ],
 )
 async def test_illegal_transition_raises_and_writes_nothing(
-    store: EventStore, engine: AsyncEngine, history: list[RunState], illegal: RunState
+    store: EventStore, db: Database, history: list[RunState], illegal: RunState
 ) -> None:
     run_id = await start_run(store)
     await store.append(run_id, 1, [NewEvent(kind) for kind in history])
@@ -97,7 +96,7 @@ async def test_illegal_transition_raises_and_writes_nothing(
     with pytest.raises(IllegalTransition):
         await store.append(run_id, before.last_seq, [NewEvent(illegal)])  # type: ignore[union-attr]
     assert await store.get_run(run_id) == before
-    assert await count_rows(engine, "run_events", run_id) == before.last_seq  # type: ignore[union-attr]
+    assert await count_rows(db, "run_events", run_id) == before.last_seq  # type: ignore[union-attr]
 
 
 async def test_illegal_event_in_a_batch_rejects_the_whole_batch(store: EventStore) -> None:

@@ -4,8 +4,8 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, RunState
@@ -32,11 +32,11 @@ async def consume_like_an_outsider(
 
 
 async def test_cloudevents_headers_and_protobuf_values(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     run_id = await start_run(store)
     await store.append(run_id, 1, [NewEvent(RunState.PREFILL), streaming(7, 8)], traceparent="")
-    relay_task = asyncio.create_task(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic).run())
+    relay_task = asyncio.create_task(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic).run())
     try:
         records = await consume_like_an_outsider(kafka_bootstrap, kafka_topic, 3)
     finally:

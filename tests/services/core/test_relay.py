@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import Database
 from services.core.eventstore import Append, EventStore, append_in
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, NewRun, RunState
@@ -37,14 +37,14 @@ def ids_of(records: list) -> list[tuple[str, int]]:  # type: ignore[type-arg]
 
 
 async def test_publishes_every_event_in_per_run_order(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
     runs = [await start_run(store) for _ in range(5)]
     for run_id in runs:
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
         for seq in range(2, 8):
             await store.append(run_id, seq, [streaming(seq)])
-    async with running(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic)):
+    async with running(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic)):
         records = await read_topic(kafka_bootstrap, kafka_topic, min_records=40)
     published = ids_of(records)
     assert Counter(published) == Counter((r, s) for r in runs for s in range(1, 9))
@@ -54,9 +54,9 @@ async def test_publishes_every_event_in_per_run_order(
 
 
 async def test_notify_wakes_the_relay_without_polling(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    relay = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, poll_interval=60)
+    relay = OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, poll_interval=60)
     async with running(relay):
         await asyncio.sleep(0.3)  # the relay is now parked waiting for a notification
         started = time.monotonic()
@@ -68,13 +68,13 @@ async def test_notify_wakes_the_relay_without_polling(
 
 
 async def test_late_committing_transaction_is_not_skipped(
-    store: EventStore, engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    relay = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, poll_interval=0.2)
+    relay = OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, poll_interval=0.2)
     async with running(relay):
         slow_run, fast_run = new_run_id(), new_run_id()
         queued = [NewEvent(RunState.QUEUED)]
-        async with engine.begin() as slow:
+        async with db.begin() as slow:
             # T1 takes the lower outbox id, then stalls before committing.
             await append_in(slow, Append(slow_run, 0, queued, NewRun("t1", "tiny")))
             await store.append(fast_run, 0, queued, new_run=NewRun("t1", "tiny"))
@@ -86,10 +86,10 @@ async def test_late_committing_transaction_is_not_skipped(
 
 
 async def test_only_one_relay_leads_and_another_takes_over(
-    engine: AsyncEngine, kafka_bootstrap: str, kafka_topic: str
+    db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:
-    first = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, takeover_interval=0.1)
-    second = OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic, takeover_interval=0.1)
+    first = OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, takeover_interval=0.1)
+    second = OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, takeover_interval=0.1)
     task_one = asyncio.create_task(first.run())
     await asyncio.wait_for(first.is_leader.wait(), 20)
     task_two = asyncio.create_task(second.run())
@@ -106,7 +106,7 @@ async def test_only_one_relay_leads_and_another_takes_over(
 @pytest.mark.slow
 async def test_relay_killed_after_ack_before_mark_is_taken_over(
     store: EventStore,
-    engine: AsyncEngine,
+    db: Database,
     database_url: str,
     kafka_bootstrap: str,
     kafka_topic: str,
@@ -135,7 +135,7 @@ async def test_relay_killed_after_ack_before_mark_is_taken_over(
         proc.wait()
     for run_id in runs:
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
-    async with running(OutboxRelay(engine, kafka_bootstrap, topic=kafka_topic)):
+    async with running(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic)):
         records = await read_topic(kafka_bootstrap, kafka_topic, min_records=9)
     published = Counter(ids_of(records))
     # The killed relay's batch went out twice; everything after it once.
@@ -144,5 +144,5 @@ async def test_relay_killed_after_ack_before_mark_is_taken_over(
 
     from tests.services.core.test_consumer import applied_effects, consume_all
 
-    await consume_all(engine, kafka_bootstrap, kafka_topic, min_events=6)
-    assert await applied_effects(engine) == {(r, s): 1 for r in runs for s in (1, 2)}
+    await consume_all(db, kafka_bootstrap, kafka_topic, min_events=6)
+    assert await applied_effects(db) == {(r, s): 1 for r in runs for s in (1, 2)}

@@ -1,23 +1,22 @@
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.core.db import create_engine
+from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.ledger.pricing import PriceTable
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(database_url, pool_size=20)
-    yield engine
-    await engine.dispose()
+async def db(database_url: str) -> AsyncIterator[Database]:
+    db = open_db(database_url, pool_size=20)
+    yield db
+    await db.dispose()
 
 
 @pytest.fixture
-def store(engine: AsyncEngine) -> EventStore:
-    return EventStore(engine)
+def store(db: Database) -> EventStore:
+    return EventStore(db)
 
 
 @pytest.fixture

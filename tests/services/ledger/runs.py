@@ -6,19 +6,19 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.auth import new_key
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, NewRun, RunState
 from services.core.schema import api_keys, kv_reservations, ledger_entries, runs, tenants
 
 
-async def create_tenant(engine: AsyncEngine, tenant_id: str | None = None) -> tuple[str, str]:
+async def create_tenant(db: Database, tenant_id: str | None = None) -> tuple[str, str]:
     """A tenant and one API key for it: (tenant_id, key)."""
     tenant_id = tenant_id or f"tenant-{uuid.uuid4().hex[:8]}"
     key = new_key()
-    async with engine.begin() as conn:
+    async with db.begin() as conn:
         await conn.execute(tenants.insert().values(tenant_id=tenant_id, name=tenant_id))
         await conn.execute(
             api_keys.insert().values(
@@ -47,7 +47,7 @@ async def queued_run(store: EventStore, tenant_id: str = "t1", model: str = "tin
         [NewEvent(RunState.QUEUED, {"model": model, "prompt_token_ids": [1, 2, 3]})],
         new_run=NewRun(tenant_id=tenant_id, model=model, idempotency_key=f"run:{run_id}"),
     )
-    async with store.engine.begin() as conn:
+    async with store.db.begin() as conn:
         await conn.execute(
             kv_reservations.insert().values(run_id=run_id, tenant_id=tenant_id, num_blocks=4)
         )
@@ -81,16 +81,16 @@ async def terminal_run(
     return run_id
 
 
-async def entry_count(engine: AsyncEngine, run_id: str | None = None) -> int:
+async def entry_count(db: Database, run_id: str | None = None) -> int:
     query = sa.select(sa.func.count()).select_from(ledger_entries)
     if run_id is not None:
         query = query.where(ledger_entries.c.run_id == run_id)
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         return int(await conn.scalar(query) or 0)
 
 
-async def open_reservations(engine: AsyncEngine) -> int:
-    async with engine.connect() as conn:
+async def open_reservations(db: Database) -> int:
+    async with db.connect() as conn:
         count = await conn.scalar(
             sa.select(sa.func.count())
             .select_from(kv_reservations)
@@ -99,9 +99,9 @@ async def open_reservations(engine: AsyncEngine) -> int:
     return int(count or 0)
 
 
-async def age_runs(engine: AsyncEngine, seconds: float) -> None:
+async def age_runs(db: Database, seconds: float) -> None:
     """Moves every run's last update `seconds` into the past, past the sweep's grace."""
-    async with engine.begin() as conn:
+    async with db.begin() as conn:
         await conn.execute(
             runs.update().values(
                 updated_at=runs.c.updated_at - sa.text(f"interval '{float(seconds)} seconds'")

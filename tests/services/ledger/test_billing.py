@@ -1,7 +1,7 @@
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.codec import payload_of, to_proto
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import RunState
 from services.core.schema import kv_reservations, ledger_entries
@@ -10,21 +10,21 @@ from services.ledger.pricing import PriceTable
 from tests.services.ledger.runs import entry_count, queued_run, terminal_run, usage
 
 
-async def bill(engine: AsyncEngine, run_id: str, prices: PriceTable):  # type: ignore[no-untyped-def]
-    async with engine.begin() as conn:
+async def bill(db: Database, run_id: str, prices: PriceTable):  # type: ignore[no-untyped-def]
+    async with db.begin() as conn:
         return await bill_run(conn, run_id, prices)
 
 
 async def test_billing_a_completed_run_writes_entries_releases_and_appends_billed(
-    store: EventStore, engine: AsyncEngine, prices: PriceTable
+    store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     run_id = await terminal_run(store, run_usage=usage(prompt=10, cached=4, output=5))
 
-    result = await bill(engine, run_id, prices)
+    result = await bill(db, run_id, prices)
 
     assert result is not None and result.amount_micros == 6 * 2 + 4 * 1 + 5 * 8
     assert result.num_released == 1
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         rows = (
             await conn.execute(sa.select(ledger_entries).where(ledger_entries.c.run_id == run_id))
         ).all()
@@ -54,35 +54,35 @@ async def test_billing_a_completed_run_writes_entries_releases_and_appends_bille
 
 
 async def test_billing_twice_writes_nothing_more(
-    store: EventStore, engine: AsyncEngine, prices: PriceTable
+    store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     run_id = await terminal_run(store, kind=RunState.FAILED)
-    assert await bill(engine, run_id, prices) is not None
-    assert await bill(engine, run_id, prices) is None
-    assert await entry_count(engine, run_id) == 3
+    assert await bill(db, run_id, prices) is not None
+    assert await bill(db, run_id, prices) is None
+    assert await entry_count(db, run_id) == 3
     assert [e.kind for e in await store.read(run_id)].count(RunState.BILLED) == 1
 
 
 async def test_runs_that_cannot_be_billed_are_left_alone(
-    store: EventStore, engine: AsyncEngine, prices: PriceTable
+    store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     running = await queued_run(store)
-    assert await bill(engine, running, prices) is None
-    assert await bill(engine, "no-such-run", prices) is None
-    assert await entry_count(engine) == 0
+    assert await bill(db, running, prices) is None
+    assert await bill(db, "no-such-run", prices) is None
+    assert await entry_count(db) == 0
     assert (await store.get_run(running)).state == RunState.QUEUED  # type: ignore[union-attr]
 
 
 async def test_cancelled_run_without_reservation_is_billed_at_its_usage(
-    store: EventStore, engine: AsyncEngine
+    store: EventStore, db: Database
 ) -> None:
     run_id = await terminal_run(
         store, kind=RunState.CANCELLED, run_usage=usage(prompt=3, cached=0, output=0)
     )
-    async with engine.begin() as conn:
+    async with db.begin() as conn:
         await conn.execute(kv_reservations.delete().where(kv_reservations.c.run_id == run_id))
     table = PriceTable({"tiny": {"input_tokens": 5}}, currency="EUR")
-    result = await bill(engine, run_id, table)
+    result = await bill(db, run_id, table)
     assert result is not None and result.num_released == 0
     assert result.amount_micros == 15 and result.currency == "EUR"
     assert [e.quantity for e in result.entries] == [3, 0, 0]

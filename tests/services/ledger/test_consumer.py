@@ -2,9 +2,9 @@ import asyncio
 import contextlib
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.runs import RunState
@@ -26,10 +26,10 @@ class Counting(CountsRecords, LedgerConsumer):
 
 
 async def publish_terminal_runs(
-    store: EventStore, engine: AsyncEngine, bootstrap: str, topic: str, n: int
+    store: EventStore, db: Database, bootstrap: str, topic: str, n: int
 ) -> list[str]:
     run_ids = [await terminal_run(store) for _ in range(n)]
-    relay = OutboxRelay(engine, bootstrap, topic=topic)
+    relay = OutboxRelay(db, bootstrap, topic=topic)
     task = asyncio.create_task(relay.run())
     await read_topic(bootstrap, topic, min_records=4 * n)  # queued, prefill, streaming, completed
     task.cancel()
@@ -74,22 +74,22 @@ async def committed_offsets(bootstrap: str, topic: str) -> list[int | None]:
 
 async def test_a_consumer_killed_before_its_offset_commit_does_not_bill_twice(
     store: EventStore,
-    engine: AsyncEngine,
+    db: Database,
     kafka_bootstrap: str,
     kafka_topic: str,
     prices: PriceTable,
 ) -> None:
-    run_ids = await publish_terminal_runs(store, engine, kafka_bootstrap, kafka_topic, 6)
+    run_ids = await publish_terminal_runs(store, db, kafka_bootstrap, kafka_topic, 6)
 
     killed = KilledBeforeOffsetCommit(
-        engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000
+        db, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000
     )
     await consume(killed, lambda: asyncio.sleep(0, False))
     first = await num_billed(store, run_ids)
     assert first >= 1
     assert not any(await committed_offsets(kafka_bootstrap, kafka_topic))
 
-    consumer = Counting(engine, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000)
+    consumer = Counting(db, kafka_bootstrap, prices, topic=kafka_topic, session_timeout_ms=2000)
     num_events = 4 * len(run_ids)
 
     async def redelivered_billed_and_committed() -> bool:
@@ -112,15 +112,15 @@ async def test_a_consumer_killed_before_its_offset_commit_does_not_bill_twice(
     for run_id in run_ids:
         kinds = [e.kind for e in await store.read(run_id)]
         assert kinds[-1] == RunState.BILLED and kinds.count(RunState.BILLED) == 1
-    assert await entry_count(engine) == 3 * len(run_ids)
-    assert await open_reservations(engine) == 0
+    assert await entry_count(db) == 3 * len(run_ids)
+    assert await open_reservations(db) == 0
 
 
 def test_each_topic_has_a_group_of_its_own_and_bills_under_one_name(
-    engine: AsyncEngine, prices: PriceTable
+    db: Database, prices: PriceTable
 ) -> None:
-    default = LedgerConsumer(engine, "unused:0", prices)
-    other = LedgerConsumer(engine, "unused:0", prices, topic="stack-b.run-events")
+    default = LedgerConsumer(db, "unused:0", prices)
+    other = LedgerConsumer(db, "unused:0", prices, topic="stack-b.run-events")
     assert (default.topic, default.group_id) == (RUN_EVENTS_TOPIC, LEDGER_GROUP)
     assert other.group_id == f"{LEDGER_GROUP}.stack-b.run-events"
     # Tracking rows name the consumer: the same run is never billed again under a new group.

@@ -54,7 +54,7 @@ async def test_the_process_serves_bills_and_stops_on_sigterm(
     ledger_process: tuple[subprocess.Popen[str], str], store: EventStore
 ) -> None:
     process, address = ledger_process
-    tenant, key = await create_tenant(store.engine)
+    tenant, key = await create_tenant(store.db)
     run_id = await terminal_run(store, tenant)
 
     async with grpc.aio.insecure_channel(address) as channel:

@@ -5,13 +5,13 @@ import grpc
 import pytest
 import sqlalchemy as sa
 from google.protobuf import timestamp_pb2
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.config import CommonSettings
+from services.core.db import Database
 from services.core.errors import status_details
 from services.core.eventstore import EventStore
 from services.core.schema import kv_reservations, ledger_entries
-from services.ledger.main import LedgerSettings, create_ledger_server
+from services.ledger.app import LedgerSettings, create_ledger_server
 from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.ledger.runs import age_runs, create_tenant, terminal_run, usage
@@ -24,19 +24,17 @@ ADMIN = "admin-secret-token"
 class Ledger:
     stub: ledger_pb2_grpc.LedgerServiceStub
     store: EventStore
-    engine: AsyncEngine
+    db: Database
     prices: PriceTable
 
     async def billed_run(self, tenant_id: str, **kwargs) -> str:  # type: ignore[no-untyped-def]
         run_id = await terminal_run(self.store, tenant_id, **kwargs)
-        assert await Sweeper(self.engine, self.prices, grace=0).bill_one(run_id)
+        assert await Sweeper(self.db, self.prices, grace=0).bill_one(run_id)
         return run_id
 
 
 @pytest.fixture
-async def ledger(
-    engine: AsyncEngine, store: EventStore, prices: PriceTable
-) -> AsyncIterator[Ledger]:
+async def ledger(db: Database, store: EventStore, prices: PriceTable) -> AsyncIterator[Ledger]:
     settings = LedgerSettings(
         common=CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0", -1),
         admin_token=ADMIN,
@@ -44,10 +42,10 @@ async def ledger(
         sweep_interval=5,
         sweep_grace=10,
     )
-    server, port, _ = create_ledger_server(engine, settings)
+    server, port, _ = create_ledger_server(db, settings)
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield Ledger(ledger_pb2_grpc.LedgerServiceStub(channel), store, engine, prices)
+        yield Ledger(ledger_pb2_grpc.LedgerServiceStub(channel), store, db, prices)
     await server.stop(None)
 
 
@@ -74,8 +72,8 @@ async def test_every_rpc_needs_a_valid_key(ledger: Ledger) -> None:
 
 
 async def test_usage_per_tenant_and_period(ledger: Ledger) -> None:
-    tenant_a, key_a = await create_tenant(ledger.engine)
-    tenant_b, key_b = await create_tenant(ledger.engine)
+    tenant_a, key_a = await create_tenant(ledger.db)
+    tenant_b, key_b = await create_tenant(ledger.db)
     await ledger.billed_run(tenant_a, run_usage=usage(prompt=10, cached=4, output=5))
     await ledger.billed_run(tenant_a, run_usage=usage(prompt=1, cached=0, output=1))
     await ledger.billed_run(tenant_b, run_usage=usage(prompt=100, cached=0, output=0))
@@ -126,8 +124,8 @@ async def list_all(ledger: Ledger, token: str, **filters: str) -> tuple[list[str
 
 
 async def test_entries_page_through_without_gaps_or_duplicates(ledger: Ledger) -> None:
-    tenant_a, key_a = await create_tenant(ledger.engine)
-    tenant_b, key_b = await create_tenant(ledger.engine)
+    tenant_a, key_a = await create_tenant(ledger.db)
+    tenant_b, key_b = await create_tenant(ledger.db)
     runs_a = [await ledger.billed_run(tenant_a) for _ in range(5)]
     run_b = await ledger.billed_run(tenant_b)
 
@@ -165,7 +163,7 @@ async def test_entries_page_through_without_gaps_or_duplicates(ledger: Ledger) -
 async def test_malformed_paging_is_an_invalid_argument_naming_the_field(
     ledger: Ledger, request_fields: dict[str, object], field: str
 ) -> None:
-    _, key = await create_tenant(ledger.engine)
+    _, key = await create_tenant(ledger.db)
     request = ledger_pb2.ListLedgerEntriesRequest(**request_fields)  # type: ignore[arg-type]
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await ledger.stub.ListLedgerEntries(request, metadata=auth(key))
@@ -175,7 +173,7 @@ async def test_malformed_paging_is_an_invalid_argument_naming_the_field(
 
 
 async def test_a_page_token_is_bound_to_its_filters(ledger: Ledger) -> None:
-    tenant, key = await create_tenant(ledger.engine)
+    tenant, key = await create_tenant(ledger.db)
     run_id = await ledger.billed_run(tenant)
     page = await ledger.stub.ListLedgerEntries(
         ledger_pb2.ListLedgerEntriesRequest(page_size=1), metadata=auth(key)
@@ -189,8 +187,8 @@ async def test_a_page_token_is_bound_to_its_filters(ledger: Ledger) -> None:
 
 
 async def test_reconciliation_reports_what_the_ledger_owes(ledger: Ledger) -> None:
-    tenant_a, key_a = await create_tenant(ledger.engine)
-    tenant_b, key_b = await create_tenant(ledger.engine)
+    tenant_a, key_a = await create_tenant(ledger.db)
+    tenant_b, key_b = await create_tenant(ledger.db)
     healthy = await ledger.billed_run(tenant_a)
     await ledger.billed_run(tenant_b)
     report = await ledger.stub.GetReconciliation(
@@ -199,10 +197,10 @@ async def test_reconciliation_reports_what_the_ledger_owes(ledger: Ledger) -> No
     assert report.ok and not report.unbilled_run_ids
 
     unbilled = await terminal_run(ledger.store, tenant_a)
-    await age_runs(ledger.engine, 60)
+    await age_runs(ledger.db, 60)
     unreleased = await ledger.billed_run(tenant_a)
     mismatched = await ledger.billed_run(tenant_a)
-    async with ledger.engine.begin() as conn:
+    async with ledger.db.begin() as conn:
         await conn.execute(
             kv_reservations.update()
             .where(kv_reservations.c.run_id == unreleased)
@@ -233,9 +231,9 @@ async def test_reconciliation_reports_what_the_ledger_owes(ledger: Ledger) -> No
 
 
 async def test_a_missing_entry_is_a_mismatch(ledger: Ledger) -> None:
-    tenant, _ = await create_tenant(ledger.engine)
+    tenant, _ = await create_tenant(ledger.db)
     run_id = await ledger.billed_run(tenant, run_usage=usage(prompt=0, cached=0, output=0))
-    async with ledger.engine.begin() as conn:
+    async with ledger.db.begin() as conn:
         await conn.execute(
             sa.delete(ledger_entries).where(
                 ledger_entries.c.run_id == run_id,

@@ -1,9 +1,9 @@
 import asyncio
 
 from aiokafka.structs import ConsumerRecord
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.codec import to_proto
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import RunState
 from services.ledger.consumer import LedgerConsumer
@@ -30,45 +30,45 @@ async def billed_counts(store: EventStore, run_ids: list[str]) -> list[int]:
 
 
 async def test_sweep_bills_overdue_terminal_runs_the_bus_never_delivered(
-    store: EventStore, engine: AsyncEngine, prices: PriceTable
+    store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     # No relay runs: these terminal events only ever exist in PostgreSQL.
     overdue = [await terminal_run(store) for _ in range(3)]
-    await age_runs(engine, 30)
+    await age_runs(db, 30)
     fresh = await terminal_run(store)
     running = await queued_run(store)
 
-    sweeper = Sweeper(engine, prices, grace=10, batch_size=2)
+    sweeper = Sweeper(db, prices, grace=10, batch_size=2)
     bills = await sweeper.sweep_once()
 
     assert sorted(b.run_id for b in bills) == sorted(overdue)
     assert await billed_counts(store, overdue) == [1, 1, 1]
     assert (await store.get_run(fresh)).state == RunState.COMPLETED  # type: ignore[union-attr]
     assert (await store.get_run(running)).state == RunState.QUEUED  # type: ignore[union-attr]
-    assert await open_reservations(engine) == 2
+    assert await open_reservations(db) == 2
     assert await sweeper.sweep_once() == []
 
 
 async def test_late_delivery_after_the_sweep_is_a_no_op(
-    store: EventStore, engine: AsyncEngine, prices: PriceTable
+    store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     run_id = await terminal_run(store)
-    await age_runs(engine, 30)
-    assert len(await Sweeper(engine, prices, grace=10).sweep_once()) == 1
+    await age_runs(db, 30)
+    assert len(await Sweeper(db, prices, grace=10).sweep_once()) == 1
 
-    consumer = LedgerConsumer(engine, "unused:0", prices)
+    consumer = LedgerConsumer(db, "unused:0", prices)
     assert await consumer.apply([await terminal_record(store, run_id)]) == 1  # tracked, no effect
-    assert await entry_count(engine, run_id) == 3
+    assert await entry_count(db, run_id) == 3
     assert await billed_counts(store, [run_id]) == [1]
 
 
 async def test_concurrent_sweep_and_consumer_bill_each_run_once(
-    store: EventStore, engine: AsyncEngine, prices: PriceTable
+    store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     run_ids = [await terminal_run(store) for _ in range(8)]
     records = [await terminal_record(store, r) for r in run_ids]
-    sweeper = Sweeper(engine, prices, grace=0)
-    consumer = LedgerConsumer(engine, "unused:0", prices)
+    sweeper = Sweeper(db, prices, grace=0)
+    consumer = LedgerConsumer(db, "unused:0", prices)
 
     # Both paths race on every run, in both orders.
     jobs = []
@@ -78,5 +78,5 @@ async def test_concurrent_sweep_and_consumer_bill_each_run_once(
     await asyncio.gather(*jobs, sweeper.sweep_once())
 
     assert await billed_counts(store, run_ids) == [1] * len(run_ids)
-    assert await entry_count(engine) == 3 * len(run_ids)
-    assert await open_reservations(engine) == 0
+    assert await entry_count(db) == 3 * len(run_ids)
+    assert await open_reservations(db) == 0

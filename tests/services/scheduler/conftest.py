@@ -7,10 +7,9 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.config import CommonSettings
-from services.core.db import create_engine
+from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.scheduler.app import SchedulerApp, create_server
 from services.scheduler.config import SchedulerSettings
@@ -19,15 +18,15 @@ from tollgate.v1 import scheduler_pb2_grpc
 
 
 @pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(database_url, pool_size=20)
-    yield engine
-    await engine.dispose()
+async def db(database_url: str) -> AsyncIterator[Database]:
+    db = open_db(database_url, pool_size=20)
+    yield db
+    await db.dispose()
 
 
 @pytest.fixture
-def store(engine: AsyncEngine) -> EventStore:
-    return EventStore(engine)
+def store(db: Database) -> EventStore:
+    return EventStore(db)
 
 
 @dataclass
@@ -42,7 +41,7 @@ StartScheduler = Callable[..., Awaitable[RunningScheduler]]
 
 @pytest.fixture
 async def start_scheduler(
-    engine: AsyncEngine, database_url: str, kafka_bootstrap: str, kafka_topic: str
+    db: Database, database_url: str, kafka_bootstrap: str, kafka_topic: str
 ) -> AsyncIterator[StartScheduler]:
     """Starts an in-process scheduler with fast timings; stopped after the test."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
@@ -58,7 +57,7 @@ async def start_scheduler(
             **overrides,
         }
         settings = SchedulerSettings(common=common, workers=dict(workers or {}), **options)
-        app = SchedulerApp(settings, engine)
+        app = SchedulerApp(settings, db)
         # A consumer group of its own: a group spans topics, so schedulers of other
         # tests (or of a stack on the same broker) would otherwise rebalance with it.
         app.trigger.group_id = f"scheduler-test-{uuid.uuid4().hex[:8]}"

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, NewRun, RunState
 from services.core.schema import tenants
@@ -16,8 +16,8 @@ from tests.services.scheduler.fakes import BLOCK_SIZE
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-async def add_tenant(engine: AsyncEngine, tenant_id: str, weight: int = 1) -> None:
-    async with engine.begin() as conn:
+async def add_tenant(db: Database, tenant_id: str, weight: int = 1) -> None:
+    async with db.begin() as conn:
         await conn.execute(
             sa.insert(tenants).values(tenant_id=tenant_id, name=tenant_id, weight=weight)
         )

@@ -4,8 +4,8 @@ import asyncio
 import time
 
 import grpc
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
 from services.scheduler.dispatcher import Dispatcher
@@ -181,7 +181,7 @@ class _NoRoom:
 
 
 async def test_a_no_room_answer_keeps_the_worker_full_until_it_reports_again(
-    store: EventStore, engine: AsyncEngine
+    store: EventStore, db: Database
 ) -> None:
     registry = WorkerRegistry()
     registry.add_static("w1", "127.0.0.1:1")
@@ -189,7 +189,7 @@ async def test_a_no_room_answer_keeps_the_worker_full_until_it_reports_again(
         "w1", WorkerReport(num_free_blocks=8, model="tiny", num_total_blocks=64), time.monotonic()
     )
     state = SchedulerState(registry)
-    repository = SchedulerRepository(engine, BLOCK_SIZE)
+    repository = SchedulerRepository(db, BLOCK_SIZE)
     [run] = await repository.load_queued([await queue_run(store)])
     state.enqueue(run)
     clients = _NoRoom()

@@ -4,9 +4,9 @@ import json
 from collections import Counter
 
 from prometheus_client import REGISTRY
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core.config import RUN_EVENTS_TOPIC
+from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
 from services.scheduler.intake import GROUP_ID, EventTrigger
@@ -114,10 +114,10 @@ async def _running_is(scheduler, expected: int) -> bool:  # type: ignore[no-unty
 
 
 async def test_a_tenant_of_weight_two_gets_twice_the_dispatches(
-    engine: AsyncEngine, store: EventStore, start_scheduler, fake_workers
+    db: Database, store: EventStore, start_scheduler, fake_workers
 ) -> None:
-    await add_tenant(engine, "heavy", weight=2)
-    await add_tenant(engine, "light", weight=1)
+    await add_tenant(db, "heavy", weight=2)
+    await add_tenant(db, "light", weight=1)
     worker = await fake_workers("w1", free_blocks=0)
     scheduler = await start_scheduler({"w1": worker.address})
     for _ in range(6):

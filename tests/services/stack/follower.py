@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from services.core.infra_process import PARENT_ENV, follow_parent
+from services.core.parent import PARENT_ENV, follow_parent
 
 follow_parent()
 sys.stderr.write(f"{os.environ.get(PARENT_ENV)}\n")

@@ -92,7 +92,14 @@ def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -
 
 def test_the_demo_streams_resumes_cancels_and_prints_the_ledger(tmp_path: Path) -> None:
     demo = subprocess.run(
-        [sys.executable, "-m", "tollgate.demo", "--exit", "--data-dir", str(tmp_path / "stack")],
+        [
+            sys.executable,
+            "-m",
+            "services.stack.demo",
+            "--exit",
+            "--data-dir",
+            str(tmp_path / "stack"),
+        ],
         capture_output=True,
         text=True,
         timeout=280,

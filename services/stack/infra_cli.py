@@ -12,9 +12,9 @@ from typing import Any
 
 import structlog
 
-from services.core.infra import LocalInfra
-from services.core.infra_process import InfraError
 from services.core.telemetry import configure_logging
+from services.stack.infra import LocalInfra
+from services.stack.server_process import InfraError
 
 DEFAULT_DATA_DIR = Path(".tollgate/infra")
 ENDPOINTS_FILE = "infra.json"

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import grpc
 import structlog
 from grpc_health.v1 import health
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.core import loop
 from services.core.config import CommonSettings, env_float, env_str
-from services.core.db import create_engine
+from services.core.db import Database, open_db
 from services.core.relay import OutboxRelay
 from services.core.server import create_server, serve, start_metrics
 from services.core.telemetry import configure_logging, configure_tracing
@@ -52,11 +51,11 @@ class LedgerSettings:
 
 
 def create_ledger_server(
-    engine: AsyncEngine, settings: LedgerSettings
+    db: Database, settings: LedgerSettings
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """The gRPC server with LedgerService and health, bound but not started."""
     servicer = LedgerServicer(
-        engine,
+        db,
         admin_token=settings.admin_token,
         currency=settings.prices.currency,
         sweep_grace=settings.sweep_grace,
@@ -90,14 +89,14 @@ def listen_host(listen: str) -> str:
 
 
 async def run(settings: LedgerSettings) -> None:
-    engine = create_engine(settings.common.database_url)
+    db = open_db(settings.common.database_url)
     common = settings.common
-    consumer = LedgerConsumer(engine, common.kafka_bootstrap, settings.prices, topic=common.topic)
+    consumer = LedgerConsumer(db, common.kafka_bootstrap, settings.prices, topic=common.topic)
     sweeper = Sweeper(
-        engine, settings.prices, interval=settings.sweep_interval, grace=settings.sweep_grace
+        db, settings.prices, interval=settings.sweep_interval, grace=settings.sweep_grace
     )
-    relay = OutboxRelay(engine, common.kafka_bootstrap, topic=common.topic)
-    server, port, health_servicer = create_ledger_server(engine, settings)
+    relay = OutboxRelay(db, common.kafka_bootstrap, topic=common.topic)
+    server, port, health_servicer = create_ledger_server(db, settings)
     metrics_port = start_metrics(common.metrics_port)
     if metrics_port is not None:
         log.info("metrics", port=metrics_port)
@@ -114,7 +113,7 @@ async def run(settings: LedgerSettings) -> None:
             ],
         )
     finally:
-        await engine.dispose()
+        await db.dispose()
 
 
 def main() -> None:

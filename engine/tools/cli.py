@@ -78,7 +78,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _init_tiny(args: argparse.Namespace) -> int:
-    from engine.tiny import init_tiny_model
+    from engine.tools.tiny import init_tiny_model
 
     path = init_tiny_model(
         args.dir,

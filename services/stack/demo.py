@@ -1,6 +1,6 @@
 """`make run`: start the local stack with `tollgate up`, then show what it does.
 
-    python -m tollgate.demo [--data-dir .tollgate/stack] [--exit]
+    python -m services.stack.demo [--data-dir .tollgate/stack] [--exit]
 
 The demo streams a generation, cuts its connection mid-stream and resumes it
 from the last seq it saw, cancels a second run while it streams, and prints
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.stack.flaky_link import FlakyLink
 from tollgate import Client
-from tollgate.flaky_link import FlakyLink
 
 STACK_TIMEOUT_S = 300
 

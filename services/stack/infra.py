@@ -33,7 +33,7 @@ from sqlalchemy.engine import make_url
 
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import libpq_url, sqlalchemy_url
-from services.core.infra_process import InfraError, ServerProcess, as_user
+from services.stack.server_process import InfraError, ServerProcess, as_user
 
 log = structlog.get_logger(__name__)
 

@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.core.infra import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, Endpoints
-from services.core.infra_process import die_with_parent
+from services.core.parent import die_with_parent
+from services.stack.infra import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, Endpoints
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Tansu answers JoinGroup only after half the session timeout (5 s by default).
@@ -63,21 +63,21 @@ async def test_broker_round_trip_resumes_group_after_committed_offset(
 
 def test_postgres_answers_through_sqlalchemy_and_psycopg(infra: Endpoints) -> None:
     assert infra.database_url.startswith("postgresql+psycopg://")
-    engine = sa.create_engine(infra.database_url)
+    db = sa.create_engine(infra.database_url)
     try:
-        with engine.connect() as connection:
+        with db.connect() as connection:
             assert connection.scalar(sa.text("SELECT 1")) == 1
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def table_names(url: str) -> set[str]:
-    engine = sa.create_engine(url)
+    db = sa.create_engine(url)
     try:
-        with engine.connect() as connection:
+        with db.connect() as connection:
             return set(sa.inspect(connection).get_table_names())
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 @pytest.mark.parametrize("attempt", [1, 2])
@@ -87,12 +87,12 @@ def test_each_test_gets_a_fresh_migrated_database(
     # Whichever attempt runs second fails if it sees the first one's table.
     assert database_url != infra.database_url
     assert table_names(database_url) == table_names(infra.database_url)
-    engine = sa.create_engine(database_url)
+    db = sa.create_engine(database_url)
     try:
-        with engine.begin() as connection:
+        with db.begin() as connection:
             connection.execute(sa.text("CREATE TABLE isolation_probe (attempt int)"))
     finally:
-        engine.dispose()
+        db.dispose()
 
 
 def read_line(process: subprocess.Popen[str], timeout: float) -> str:
@@ -102,12 +102,12 @@ def read_line(process: subprocess.Popen[str], timeout: float) -> str:
 
 
 def assert_endpoints_answer(endpoints: dict[str, str]) -> None:
-    engine = sa.create_engine(endpoints["database_url"])
+    db = sa.create_engine(endpoints["database_url"])
     try:
-        with engine.connect() as connection:
+        with db.connect() as connection:
             assert connection.scalar(sa.text("SELECT 1")) == 1
     finally:
-        engine.dispose()
+        db.dispose()
     host, port = endpoints["kafka_bootstrap"].rsplit(":", 1)
     socket.create_connection((host, int(port)), timeout=5).close()
 
