@@ -20,7 +20,6 @@ from services.scheduler import metrics
 from services.scheduler.cancel import Canceller
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.dispatcher import Dispatcher
-from services.scheduler.engine_client import WorkerClients
 from services.scheduler.intake import EventTrigger, Intake
 from services.scheduler.liveness import LivenessChecker
 from services.scheduler.recovery import Recovery
@@ -28,6 +27,7 @@ from services.scheduler.repository import SchedulerRepository
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.state import SchedulerState
 from services.scheduler.tracking import AssignmentTracker
+from services.scheduler.worker_client import WorkerClients
 from services.scheduler.workers import WorkerRegistry
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 

@@ -6,10 +6,10 @@ import structlog
 
 from services.core.eventstore import ConcurrencyConflict, EventStore
 from services.core.runs import IllegalTransition, NewEvent, RunState
-from services.scheduler.engine_client import WorkerClients
 from services.scheduler.records import QueuedRun
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
+from services.scheduler.worker_client import WorkerClients
 
 log = structlog.get_logger(__name__)
 

@@ -11,10 +11,10 @@ from services.core.eventstore import EventStore
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.core.telemetry import bound_log_context, context_from_traceparent, get_tracer
 from services.scheduler import metrics
-from services.scheduler.engine_client import AssignOutcome, Grant, WorkerClients
 from services.scheduler.records import Assignment, QueuedRun
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
+from services.scheduler.worker_client import AssignOutcome, Grant, WorkerClients
 from services.scheduler.workers import Worker
 
 log = structlog.get_logger(__name__)

@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from services.scheduler import metrics
-from services.scheduler.engine_client import WorkerClients
 from services.scheduler.records import Assignment
 from services.scheduler.state import SchedulerState
+from services.scheduler.worker_client import WorkerClients
 from services.scheduler.workers import Worker
 
 log = structlog.get_logger(__name__)

@@ -28,12 +28,12 @@ from services.core.telemetry import configure_logging, configure_tracing
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.runs import AssignedRun
-from services.worker.servicer import EngineServicer
-from tollgate.v1 import engine_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from services.worker.servicer import WorkerServicer
+from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
-SERVICES = ("tollgate.v1.EngineService",)
+SERVICES = ("tollgate.v1.WorkerService",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +173,7 @@ async def main() -> None:
     core = WorkerCore(settings.worker_id, settings.model_name, engine, store, appender.start, runs)
 
     def add_servicers(server: grpc.aio.Server) -> None:
-        engine_pb2_grpc.add_EngineServiceServicer_to_server(EngineServicer(core), server)
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), server)
 
     server, port, health = create_server(settings.common.listen, add_servicers)
     host = settings.common.listen.rsplit(":", 1)[0]

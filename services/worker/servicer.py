@@ -1,4 +1,4 @@
-"""EngineService: protobuf in, WorkerCore out."""
+"""WorkerService: protobuf in, WorkerCore out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from engine.errors import RequestError
 from engine.sampling import Priority, SamplingParams
 from services.core.errors import FieldViolation, InvalidArgument, rpc_errors
 from services.worker.core import Assignment, WorkerCore
-from tollgate.v1 import engine_pb2, engine_pb2_grpc, events_pb2
+from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 
 
 def sampling_from_proto(s: events_pb2.SamplingParams) -> SamplingParams:
@@ -31,7 +31,7 @@ def _sampling(s: events_pb2.SamplingParams) -> SamplingParams:
     )
 
 
-def assignment_from_proto(request: engine_pb2.AssignRunRequest) -> Assignment:
+def assignment_from_proto(request: worker_pb2.AssignRunRequest) -> Assignment:
     if not request.run_id or not request.prompt_token_ids or request.sampling.max_tokens <= 0:
         raise InvalidArgument(
             [FieldViolation("run_id/prompt_token_ids/sampling", "incomplete assignment")]
@@ -52,31 +52,31 @@ def assignment_from_proto(request: engine_pb2.AssignRunRequest) -> Assignment:
     )
 
 
-class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
 
     @rpc_errors
     async def AssignRun(
-        self, request: engine_pb2.AssignRunRequest, context: grpc.aio.ServicerContext
-    ) -> engine_pb2.AssignRunResponse:
+        self, request: worker_pb2.AssignRunRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AssignRunResponse:
         await self.core.assign(assignment_from_proto(request))
-        return engine_pb2.AssignRunResponse(worker_id=self.core.worker_id)
+        return worker_pb2.AssignRunResponse(worker_id=self.core.worker_id)
 
     @rpc_errors
     async def CancelAssignedRun(
-        self, request: engine_pb2.CancelAssignedRunRequest, context: grpc.aio.ServicerContext
-    ) -> engine_pb2.CancelAssignedRunResponse:
-        return engine_pb2.CancelAssignedRunResponse(
+        self, request: worker_pb2.CancelAssignedRunRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CancelAssignedRunResponse:
+        return worker_pb2.CancelAssignedRunResponse(
             found=self.core.cancel(request.run_id, request.reason)
         )
 
     @rpc_errors
     async def GetWorkerStatus(
-        self, request: engine_pb2.GetWorkerStatusRequest, context: grpc.aio.ServicerContext
-    ) -> engine_pb2.WorkerStatus:
+        self, request: worker_pb2.GetWorkerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStatus:
         status = self.core.status()
-        return engine_pb2.WorkerStatus(
+        return worker_pb2.WorkerStatus(
             worker_id=status.worker_id,
             model=status.model,
             num_free_blocks=status.num_free_blocks,

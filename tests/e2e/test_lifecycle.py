@@ -19,7 +19,7 @@ from tollgate.errors import (
     NotFoundError,
     UnauthenticatedError,
 )
-from tollgate.v1 import engine_pb2, engine_pb2_grpc
+from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 MODEL = "tiny"
 
@@ -231,10 +231,10 @@ def test_wrong_or_missing_key_is_unauthenticated(stack: Stack) -> None:
 
 def test_zz_everything_is_released_afterwards(stack: Stack) -> None:
     """Runs last in this module: every reservation released, the worker's pool free."""
-    stub = engine_pb2_grpc.EngineServiceStub(grpc.insecure_channel(stack.worker))
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(stack.worker))
     deadline = time.monotonic() + 30
     while True:
-        status = stub.GetWorkerStatus(engine_pb2.GetWorkerStatusRequest())
+        status = stub.GetWorkerStatus(worker_pb2.GetWorkerStatusRequest())
         report = stack.admin.get_reconciliation()
         if (
             status.num_free_blocks == NUM_KV_BLOCKS and not status.running_run_ids and report.ok

@@ -1,15 +1,15 @@
-"""A fake engine worker: an EngineService that records what the scheduler sends it."""
+"""A fake engine worker: an WorkerService that records what the scheduler sends it."""
 
 from __future__ import annotations
 
 import grpc
 
-from tollgate.v1 import engine_pb2, engine_pb2_grpc
+from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 BLOCK_SIZE = 16
 
 
-class FakeWorker(engine_pb2_grpc.EngineServiceServicer):
+class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, worker_id: str, *, free_blocks: int = 64, model: str = "tiny") -> None:
         self.worker_id = worker_id
         self.model = model
@@ -17,7 +17,7 @@ class FakeWorker(engine_pb2_grpc.EngineServiceServicer):
         self.total_blocks = max(64, free_blocks)
         self.reject = False  # answer AssignRun with RESOURCE_EXHAUSTED
         self.refuse_with: grpc.StatusCode | None = None  # or with this code
-        self.assigned: list[engine_pb2.AssignRunRequest] = []
+        self.assigned: list[worker_pb2.AssignRunRequest] = []
         self.rejected: list[str] = []
         self.cancelled: list[str] = []
         self.server: grpc.aio.Server | None = None
@@ -25,7 +25,7 @@ class FakeWorker(engine_pb2_grpc.EngineServiceServicer):
 
     async def start(self) -> str:
         self.server = grpc.aio.server()
-        engine_pb2_grpc.add_EngineServiceServicer_to_server(self, self.server)
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(self, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.address = f"127.0.0.1:{port}"
@@ -39,12 +39,12 @@ class FakeWorker(engine_pb2_grpc.EngineServiceServicer):
     def running(self) -> list[str]:
         return [r.run_id for r in self.assigned if r.run_id not in self.cancelled]
 
-    def assignment(self, run_id: str) -> engine_pb2.AssignRunRequest | None:
+    def assignment(self, run_id: str) -> worker_pb2.AssignRunRequest | None:
         return next((r for r in reversed(self.assigned) if r.run_id == run_id), None)
 
     async def AssignRun(  # noqa: N802
-        self, request: engine_pb2.AssignRunRequest, context: grpc.aio.ServicerContext
-    ) -> engine_pb2.AssignRunResponse:
+        self, request: worker_pb2.AssignRunRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AssignRunResponse:
         if self.refuse_with is not None:
             self.rejected.append(request.run_id)
             await context.abort(self.refuse_with, "cannot run this")
@@ -54,19 +54,19 @@ class FakeWorker(engine_pb2_grpc.EngineServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room")
         self.free_blocks -= blocks
         self.assigned.append(request)
-        return engine_pb2.AssignRunResponse(worker_id=self.worker_id)
+        return worker_pb2.AssignRunResponse(worker_id=self.worker_id)
 
     async def CancelAssignedRun(  # noqa: N802
-        self, request: engine_pb2.CancelAssignedRunRequest, context: grpc.aio.ServicerContext
-    ) -> engine_pb2.CancelAssignedRunResponse:
+        self, request: worker_pb2.CancelAssignedRunRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CancelAssignedRunResponse:
         found = request.run_id in self.running()
         self.cancelled.append(request.run_id)
-        return engine_pb2.CancelAssignedRunResponse(found=found)
+        return worker_pb2.CancelAssignedRunResponse(found=found)
 
     async def GetWorkerStatus(  # noqa: N802
-        self, request: engine_pb2.GetWorkerStatusRequest, context: grpc.aio.ServicerContext
-    ) -> engine_pb2.WorkerStatus:
-        return engine_pb2.WorkerStatus(
+        self, request: worker_pb2.GetWorkerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStatus:
+        return worker_pb2.WorkerStatus(
             worker_id=self.worker_id,
             model=self.model,
             num_free_blocks=self.free_blocks,

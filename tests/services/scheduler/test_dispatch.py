@@ -9,9 +9,9 @@ from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
 from services.scheduler.dispatcher import Dispatcher
-from services.scheduler.engine_client import AssignOutcome, AssignResult
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
+from services.scheduler.worker_client import AssignOutcome, AssignResult
 from services.scheduler.workers import WorkerRegistry, WorkerReport
 from tests.services.scheduler.fakes import BLOCK_SIZE
 from tests.services.scheduler.helpers import TRACEPARENT, queue_run, wait_for

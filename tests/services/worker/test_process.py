@@ -13,7 +13,7 @@ import psutil
 from services.worker.app import ENGINE_NICENESS
 from services.worker.threads import SPIN_ROUNDS
 from tests.services.processes import service_process
-from tollgate.v1 import engine_pb2, engine_pb2_grpc
+from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 # The worker's defaults for its engine process, checked below.
 DEFAULTS_UNDER_TEST = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TOLLGATE_ENGINE_NICE")
@@ -32,8 +32,8 @@ async def test_the_engine_process_runs_with_the_workers_defaults_and_its_death_e
     }
     async with service_process("worker", env) as (process, address):
         async with grpc.aio.insecure_channel(address) as channel:
-            status = await engine_pb2_grpc.EngineServiceStub(channel).GetWorkerStatus(
-                engine_pb2.GetWorkerStatusRequest()
+            status = await worker_pb2_grpc.WorkerServiceStub(channel).GetWorkerStatus(
+                worker_pb2.GetWorkerStatusRequest()
             )
             assert status.num_total_blocks == status.num_free_blocks == 64
         children = psutil.Process(process.pid).children()

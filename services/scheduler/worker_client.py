@@ -1,4 +1,4 @@
-"""gRPC calls to workers' EngineService; protobuf stays in this module."""
+"""gRPC calls to workers' WorkerService; protobuf stays in this module."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from services.scheduler.fair_queue import QueueClass
 from services.scheduler.records import QueuedRun
 from services.scheduler.workers import WorkerReport
-from tollgate.v1 import engine_pb2, engine_pb2_grpc, events_pb2
+from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
@@ -52,8 +52,8 @@ _OUTCOMES = {
 }
 
 
-def assign_request(run: QueuedRun, grant: Grant) -> engine_pb2.AssignRunRequest:
-    request = engine_pb2.AssignRunRequest(
+def assign_request(run: QueuedRun, grant: Grant) -> worker_pb2.AssignRunRequest:
+    request = worker_pb2.AssignRunRequest(
         run_id=run.run_id,
         tenant_id=run.tenant_id,
         model=run.model,
@@ -68,7 +68,7 @@ def assign_request(run: QueuedRun, grant: Grant) -> engine_pb2.AssignRunRequest:
     return request
 
 
-def report_of(status: engine_pb2.WorkerStatus) -> WorkerReport:
+def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
     return WorkerReport(
         num_free_blocks=status.num_free_blocks,
         running_run_ids=frozenset(status.running_run_ids),
@@ -88,11 +88,11 @@ class WorkerClients:
         self.cancel_timeout = cancel_timeout
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def _stub(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
+    def _stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return engine_pb2_grpc.EngineServiceStub(channel)
+        return worker_pb2_grpc.WorkerServiceStub(channel)
 
     async def assign(self, address: str, run: QueuedRun, grant: Grant) -> AssignResult:
         try:
@@ -108,7 +108,7 @@ class WorkerClients:
 
     async def cancel(self, address: str, run_id: str, reason: str) -> bool | None:
         """The worker's `found`, or None when it could not be asked."""
-        request = engine_pb2.CancelAssignedRunRequest(run_id=run_id, reason=reason)
+        request = worker_pb2.CancelAssignedRunRequest(run_id=run_id, reason=reason)
         try:
             reply = await self._stub(address).CancelAssignedRun(
                 request, timeout=self.cancel_timeout
@@ -121,7 +121,7 @@ class WorkerClients:
     async def status(self, address: str, timeout: float) -> WorkerReport | None:
         try:
             status = await self._stub(address).GetWorkerStatus(
-                engine_pb2.GetWorkerStatusRequest(), timeout=timeout
+                worker_pb2.GetWorkerStatusRequest(), timeout=timeout
             )
         except grpc.aio.AioRpcError:
             return None

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tollgate.v1 import engine_pb2 as tollgate_dot_v1_dot_engine__pb2
+from tollgate.v1 import worker_pb2 as tollgate_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tollgate/v1/engine_pb2_grpc.py depends on'
+        + ' but the generated code in tollgate/v1/worker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class EngineServiceStub:
+class WorkerServiceStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -35,23 +35,23 @@ class EngineServiceStub:
             channel: A grpc.Channel.
         """
         self.AssignRun = channel.unary_unary(
-                '/tollgate.v1.EngineService/AssignRun',
-                request_serializer=tollgate_dot_v1_dot_engine__pb2.AssignRunRequest.SerializeToString,
-                response_deserializer=tollgate_dot_v1_dot_engine__pb2.AssignRunResponse.FromString,
+                '/tollgate.v1.WorkerService/AssignRun',
+                request_serializer=tollgate_dot_v1_dot_worker__pb2.AssignRunRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_worker__pb2.AssignRunResponse.FromString,
                 _registered_method=True)
         self.CancelAssignedRun = channel.unary_unary(
-                '/tollgate.v1.EngineService/CancelAssignedRun',
-                request_serializer=tollgate_dot_v1_dot_engine__pb2.CancelAssignedRunRequest.SerializeToString,
-                response_deserializer=tollgate_dot_v1_dot_engine__pb2.CancelAssignedRunResponse.FromString,
+                '/tollgate.v1.WorkerService/CancelAssignedRun',
+                request_serializer=tollgate_dot_v1_dot_worker__pb2.CancelAssignedRunRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_worker__pb2.CancelAssignedRunResponse.FromString,
                 _registered_method=True)
         self.GetWorkerStatus = channel.unary_unary(
-                '/tollgate.v1.EngineService/GetWorkerStatus',
-                request_serializer=tollgate_dot_v1_dot_engine__pb2.GetWorkerStatusRequest.SerializeToString,
-                response_deserializer=tollgate_dot_v1_dot_engine__pb2.WorkerStatus.FromString,
+                '/tollgate.v1.WorkerService/GetWorkerStatus',
+                request_serializer=tollgate_dot_v1_dot_worker__pb2.GetWorkerStatusRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_worker__pb2.WorkerStatus.FromString,
                 _registered_method=True)
 
 
-class EngineServiceServicer:
+class WorkerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def AssignRun(self, request, context):
@@ -74,32 +74,32 @@ class EngineServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
 
-def add_EngineServiceServicer_to_server(servicer, server):
+def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'AssignRun': grpc.unary_unary_rpc_method_handler(
                     servicer.AssignRun,
-                    request_deserializer=tollgate_dot_v1_dot_engine__pb2.AssignRunRequest.FromString,
-                    response_serializer=tollgate_dot_v1_dot_engine__pb2.AssignRunResponse.SerializeToString,
+                    request_deserializer=tollgate_dot_v1_dot_worker__pb2.AssignRunRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_worker__pb2.AssignRunResponse.SerializeToString,
             ),
             'CancelAssignedRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelAssignedRun,
-                    request_deserializer=tollgate_dot_v1_dot_engine__pb2.CancelAssignedRunRequest.FromString,
-                    response_serializer=tollgate_dot_v1_dot_engine__pb2.CancelAssignedRunResponse.SerializeToString,
+                    request_deserializer=tollgate_dot_v1_dot_worker__pb2.CancelAssignedRunRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_worker__pb2.CancelAssignedRunResponse.SerializeToString,
             ),
             'GetWorkerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorkerStatus,
-                    request_deserializer=tollgate_dot_v1_dot_engine__pb2.GetWorkerStatusRequest.FromString,
-                    response_serializer=tollgate_dot_v1_dot_engine__pb2.WorkerStatus.SerializeToString,
+                    request_deserializer=tollgate_dot_v1_dot_worker__pb2.GetWorkerStatusRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_worker__pb2.WorkerStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'tollgate.v1.EngineService', rpc_method_handlers)
+            'tollgate.v1.WorkerService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('tollgate.v1.EngineService', rpc_method_handlers)
+    server.add_registered_method_handlers('tollgate.v1.WorkerService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class EngineService:
+class WorkerService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -116,9 +116,9 @@ class EngineService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tollgate.v1.EngineService/AssignRun',
-            tollgate_dot_v1_dot_engine__pb2.AssignRunRequest.SerializeToString,
-            tollgate_dot_v1_dot_engine__pb2.AssignRunResponse.FromString,
+            '/tollgate.v1.WorkerService/AssignRun',
+            tollgate_dot_v1_dot_worker__pb2.AssignRunRequest.SerializeToString,
+            tollgate_dot_v1_dot_worker__pb2.AssignRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,9 +143,9 @@ class EngineService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tollgate.v1.EngineService/CancelAssignedRun',
-            tollgate_dot_v1_dot_engine__pb2.CancelAssignedRunRequest.SerializeToString,
-            tollgate_dot_v1_dot_engine__pb2.CancelAssignedRunResponse.FromString,
+            '/tollgate.v1.WorkerService/CancelAssignedRun',
+            tollgate_dot_v1_dot_worker__pb2.CancelAssignedRunRequest.SerializeToString,
+            tollgate_dot_v1_dot_worker__pb2.CancelAssignedRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,9 +170,9 @@ class EngineService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tollgate.v1.EngineService/GetWorkerStatus',
-            tollgate_dot_v1_dot_engine__pb2.GetWorkerStatusRequest.SerializeToString,
-            tollgate_dot_v1_dot_engine__pb2.WorkerStatus.FromString,
+            '/tollgate.v1.WorkerService/GetWorkerStatus',
+            tollgate_dot_v1_dot_worker__pb2.GetWorkerStatusRequest.SerializeToString,
+            tollgate_dot_v1_dot_worker__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,
