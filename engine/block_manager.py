@@ -38,10 +38,6 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self._free_plain) + len(self._free_cached)
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._by_hash)
-
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
 

@@ -63,7 +63,7 @@ class RequestLimits:
 
 @dataclass(slots=True)
 class PreparedRequest:
-    """A validated request not yet handed to the batcher (see `LLMEngine.prepare_request`)."""
+    """A validated request: its sequence and the decoding state kept until it finishes."""
 
     seq: Sequence
     detokenizer: IncrementalDetokenizer
@@ -75,8 +75,8 @@ class PreparedRequest:
 class LLMEngine:
     """Continuous-batching inference over one model.
 
-    Not thread-safe: call `add_request`, `abort` and `step` from one thread
-    (`prepare_request` alone may run elsewhere). `AsyncEngine` wraps it for asyncio.
+    Not thread-safe: call `add_request`, `abort` and `step` from one thread.
+    `ProcessEngine` runs it in a child process for asyncio code.
     With `config.quantization` set, the model's linear layers are quantized in place; the
     fp32 ones left are packed for their matrix multiply (`pack_linear_layers`).
     """
@@ -156,17 +156,6 @@ class LLMEngine:
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return self.block_manager.blocks_needed(num_tokens)
-
-    def can_fit(self, num_prompt_tokens: int, max_tokens: int = 0) -> bool:
-        """Whether a request of this size fits in the blocks free right now."""
-        total = min(num_prompt_tokens + max_tokens, self.max_model_len)
-        return (
-            num_prompt_tokens < self.max_model_len
-            and self.blocks_needed(total) <= self.num_free_blocks
-        )
-
     def has_unfinished_requests(self) -> bool:
         return self.batcher.has_unfinished or bool(self._pending_outputs)
 
@@ -184,22 +173,22 @@ class LLMEngine:
         `cache_namespace` is the security domain: prefix-cache blocks are shared only
         between requests of the same namespace. Raises RequestError when invalid.
         """
-        self.enqueue(
-            self.prepare_request(
-                request_id, prompt, params, cache_namespace=cache_namespace, priority=priority
-            )
+        request = self._prepare(
+            request_id, prompt, params, cache_namespace=cache_namespace, priority=priority
         )
+        self._requests[request_id] = request
+        self.batcher.add(request.seq)
 
-    def prepare_request(
+    def _prepare(
         self,
         request_id: str,
         prompt: Prompt,
-        params: SamplingParams | None = None,
+        params: SamplingParams | None,
         *,
-        cache_namespace: str = "",
-        priority: Priority | str = Priority.INTERACTIVE,
+        cache_namespace: str,
+        priority: Priority | str,
     ) -> PreparedRequest:
-        """Validate and tokenize without touching the engine's queues (safe from any thread)."""
+        """Validate and tokenize the request, and give it its sequence and sampler state."""
         params = params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
@@ -225,13 +214,6 @@ class LLMEngine:
             stop_token_ids=frozenset((*params.stop_token_ids, *eos)),
             generator=torch.Generator().manual_seed(seed),
         )
-
-    def enqueue(self, request: PreparedRequest) -> None:
-        request_id = request.seq.request_id
-        if request_id in self._requests:
-            raise RequestError(f"request id {request_id!r} is already in use")
-        self._requests[request_id] = request
-        self.batcher.add(request.seq)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request in any state and free its blocks; the next `step` reports it

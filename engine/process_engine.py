@@ -8,7 +8,7 @@ engine keeps its steps to itself.
 The child loads the model and then answers a pipe: requests, aborts and a stop
 come in; each step's outputs and the free block count go out. Requests are
 checked here first (against the child's `RequestLimits`), so a bad one is
-refused at once, as with `AsyncEngine`. Commands are written by a thread of
+refused at once rather than after the child reads it. Commands are written by a thread of
 their own: the child reads only between steps, and commands larger than the
 pipe's buffer would otherwise hold up the event loop until it does.
 """
@@ -28,9 +28,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engine.async_engine import EngineClosedError, EngineFront, RequestStream
 from engine.config import EngineConfig
 from engine.errors import EngineError, ModelLoadError, RequestError
+from engine.front import EngineClosedError, EngineFront, RequestStream
 from engine.llm_engine import LLMEngine, RequestLimits
 from engine.outputs import RequestOutput
 from engine.sampling import Priority, SamplingParams
@@ -40,7 +40,8 @@ STOP_TIMEOUT_SECONDS = 10.0
 
 
 class ProcessEngine(EngineFront):
-    """Same use as `AsyncEngine`; prompts are token ids. Start it with `start`."""
+    """The engine in a child process, seen from the event loop; prompts are token ids.
+    Start it with `start`."""
 
     def __init__(
         self,
@@ -107,7 +108,7 @@ class ProcessEngine(EngineFront):
         """As of the last step the child reported."""
         return self._free_blocks
 
-    def add_request(  # type: ignore[override]
+    def add_request(
         self,
         request_id: str,
         prompt: Seq[int],

@@ -73,9 +73,6 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.encode(text))
-
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str:
@@ -97,11 +94,6 @@ class Tokenizer:
         return self.encode(
             self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
         )
-
-    def count_chat_tokens(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
-    ) -> int:
-        return len(self.encode_chat(messages, add_generation_prompt))
 
     def _fix_bos(self, ids: list[int]) -> list[int]:
         # tokenizer_config's add_bos_token wins over tokenizer.json's post-processor, as in transformers.

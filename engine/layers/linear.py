@@ -16,12 +16,12 @@ from torch import nn
 
 from engine.layers import native
 
-# Where a weight cannot be packed (`PackedLinear`), W @ x^T streams it row by row; its
-# result is x @ W^T laid out transposed. `python -m bench.linear` measures it 1.2-2.8x
-# faster than x @ W^T for 4-64 rows of the benchmark model's projections. With more rows
-# a transposed result costs more in the operations that follow (and sends attention down
-# a slower path) than it saves, except for a weight this large (an LM head over a large
-# vocabulary), which only ever sees the rows that sample.
+# Where a weight is not packed (`PanelLinear`, `PackedLinear`), W @ x^T streams it row by
+# row; its result is x @ W^T laid out transposed. With few rows that is the cheaper
+# product. With many, the transposed result costs more in the operations that follow (and
+# sends attention down a slower path) than it saves, except for a weight this large (an LM
+# head over a large vocabulary), which only ever sees the rows that sample.
+# `python -m bench.linear` measures both ways by row count (bench/RESULTS.md).
 _STREAMED_MAX_ROWS = 64
 _STREAMED_WEIGHT_ELEMENTS = 1 << 23
 
@@ -58,7 +58,7 @@ class PanelLinear(nn.Module):
     native `gemm` kernel.
 
     `python -m bench.linear` measures it against `PackedLinear` and both ways `Linear`
-    multiplies.
+    multiplies (bench/RESULTS.md).
     """
 
     def __init__(self, linear: Linear, gemm: native.GemmKernel) -> None:

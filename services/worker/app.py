@@ -9,8 +9,8 @@ import grpc
 import structlog
 import torch
 
-from engine.async_engine import EngineClosedError
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
+from engine.front import EngineClosedError
 from engine.process_engine import ProcessEngine
 from services.core.config import (
     CommonSettings,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from engine.async_engine import EngineFront
 from engine.errors import RequestError
+from engine.front import EngineFront
 from engine.sampling import Priority, SamplingParams
 from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from services.core.eventstore import EventStore

@@ -210,15 +210,16 @@ def test_metrics_follow_the_clock(tiny_dir: Path) -> None:
 
 def test_capacity_queries_and_request_validation(make_engine: MakeEngine) -> None:
     engine = make_engine(num_kv_blocks=10, max_model_len=64)
-    assert engine.blocks_needed(17) == 5 and engine.num_total_blocks == 10
-    assert engine.can_fit(20, 20) and not engine.can_fit(30, 20)
+    assert engine.limits.blocks_needed(17) == 5 and engine.num_total_blocks == 10
+    # 40 tokens fill the ten blocks exactly; 50 would need thirteen.
+    engine.add_request("fits", prompt(20), SamplingParams(max_tokens=20))
+    with pytest.raises(RequestError, match="needs 13 KV blocks"):
+        engine.add_request("big", prompt(30), SamplingParams(max_tokens=20))
     engine.add_request("r", prompt(5), GREEDY)
     with pytest.raises(RequestError, match="already in use"):
         engine.add_request("r", prompt(5), GREEDY)
     with pytest.raises(RequestError, match="at most 63"):
         engine.add_request("long", prompt(64), GREEDY)
-    with pytest.raises(RequestError, match="KV blocks"):
-        engine.add_request("big", prompt(30), SamplingParams(max_tokens=30))
     with pytest.raises(RequestError, match="empty"):
         engine.add_request("empty", [], GREEDY)
     with pytest.raises(RequestError, match="token ids"):

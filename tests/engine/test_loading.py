@@ -104,7 +104,7 @@ def test_fingerprint_tracks_weights(tiny_dir: Path, tmp_path: Path) -> None:
     assert model_fingerprint(other) != model_fingerprint(tiny_dir)
 
 
-def test_chat_template_and_token_counting(tiny_dir: Path) -> None:
+def test_chat_template_and_bos_token(tiny_dir: Path) -> None:
     tokenizer = LLMEngine.from_model_dir(
         tiny_dir,
     ).tokenizer
@@ -113,7 +113,5 @@ def test_chat_template_and_token_counting(tiny_dir: Path) -> None:
     assert text == "<s><|system|>\nBe brief.</s>\n<|user|>\ncafé?</s>\n<|assistant|>\n"
     ids = tokenizer.encode_chat(messages)
     assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
-    assert tokenizer.count_chat_tokens(messages) == len(ids)
     assert tokenizer.decode(ids) == "\nBe brief.\n\ncafé?\n\n"
     assert tokenizer.encode("hi")[0] == tokenizer.bos_token_id
-    assert tokenizer.count_tokens("hi") == len(tokenizer.encode("hi"))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.async_engine import EngineClosedError, RequestStream
 from engine.config import EngineConfig
 from engine.errors import ModelLoadError, RequestError
+from engine.front import EngineClosedError, RequestStream
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.process_engine import ProcessEngine
@@ -24,6 +24,8 @@ from engine.sampling import SamplingParams
 CONFIG = EngineConfig(num_kv_blocks=256, block_size=4, max_num_batched_tokens=64)
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 ENDLESS = SamplingParams(max_tokens=900, temperature=0, ignore_eos=True)
+# A started engine and every output its step callback saw.
+Started = tuple[ProcessEngine, list[RequestOutput]]
 
 
 async def collect(stream: RequestStream) -> list[RequestOutput]:
@@ -31,11 +33,9 @@ async def collect(stream: RequestStream) -> list[RequestOutput]:
 
 
 @pytest.fixture
-async def started(tiny_dir: Path) -> AsyncIterator[tuple[ProcessEngine, list[str]]]:
-    seen: list[str] = []
-    engine = await ProcessEngine.start(
-        tiny_dir, CONFIG, on_step=lambda outs: seen.extend(o.request_id for o in outs)
-    )
+async def started(tiny_dir: Path) -> AsyncIterator[Started]:
+    seen: list[RequestOutput] = []
+    engine = await ProcessEngine.start(tiny_dir, CONFIG, on_step=seen.extend)
     try:
         yield engine, seen
     finally:
@@ -43,7 +43,7 @@ async def started(tiny_dir: Path) -> AsyncIterator[tuple[ProcessEngine, list[str
 
 
 async def test_streams_match_the_engine_in_process(
-    make_engine: Callable[..., LLMEngine], started: tuple[ProcessEngine, list[str]]
+    make_engine: Callable[..., LLMEngine], started: Started
 ) -> None:
     sync = make_engine()
     prompts = [sync.tokenizer.encode(p) for p in ("the toll gate", "a cache block", "tenant")]
@@ -54,12 +54,25 @@ async def test_streams_match_the_engine_in_process(
     for outs, tokens in zip(results, expected, strict=True):
         assert tuple(t for o in outs for t in o.new_token_ids) == tokens
         assert outs[-1].finish_reason == "length"
-    assert sorted(seen) == sorted(o.request_id for outs in results for o in outs)
+    assert sorted(o.request_id for o in seen) == sorted(
+        o.request_id for outs in results for o in outs
+    )
     assert engine.num_free_blocks == engine.limits.num_total_blocks
 
 
+async def test_on_step_sees_each_output_before_its_stream(
+    started: Started,
+) -> None:
+    engine, seen = started
+    outputs = []
+    async for output in engine.add_request("r", [5, 6, 7], GREEDY):
+        assert any(s is output for s in seen)
+        outputs.append(output)
+    assert len(outputs) == len(seen) and outputs[-1].finished
+
+
 async def test_bad_requests_are_refused_at_once(
-    started: tuple[ProcessEngine, list[str]],
+    started: Started,
 ) -> None:
     engine, _ = started
     with pytest.raises(RequestError, match="empty"):
@@ -77,7 +90,7 @@ async def test_bad_requests_are_refused_at_once(
 
 
 async def test_abort_ends_the_stream_and_frees_the_blocks(
-    started: tuple[ProcessEngine, list[str]],
+    started: Started,
 ) -> None:
     engine, _ = started
     stream = engine.add_request("long", [5, 6, 7], ENDLESS)
@@ -109,6 +122,8 @@ async def test_shutdown_stops_the_child_and_fails_open_streams(tiny_dir: Path) -
     await engine.shutdown()
     with pytest.raises(EngineClosedError):
         await collect(stream)
+    with pytest.raises(EngineClosedError):
+        engine.add_request("after", [5], GREEDY)
     assert not engine._process.is_alive() and engine._process.exitcode == 0
 
 

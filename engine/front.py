@@ -1,0 +1,115 @@
+"""What an asyncio front of the engine is: one output stream per request, the step
+callback, and failing the streams when the engine goes away. `ProcessEngine` is the front
+the worker uses."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+
+from engine.errors import EngineError, RequestError
+from engine.llm_engine import RequestLimits
+from engine.outputs import RequestOutput
+from engine.sampling import Priority, SamplingParams
+
+
+class EngineClosedError(EngineError):
+    """The engine was shut down, or its step loop failed, before the request finished."""
+
+
+class RequestStream:
+    """Async iterator over one request's outputs; it ends after the finished output."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+
+class EngineFront(ABC):
+    """An engine seen from the event loop: requests go in, each comes back as a stream.
+
+    Implementations queue requests and aborts wherever their step loop runs, and call
+    `_deliver` on the event loop with each step's outputs.
+    """
+
+    limits: RequestLimits
+
+    def __init__(self, on_step: Callable[[list[RequestOutput]], None] | None = None) -> None:
+        # Sees every step's outputs together, on the event loop, before the streams do.
+        self._on_step = on_step
+        self._streams: dict[str, RequestStream] = {}
+        self._closed = False
+
+    @property
+    @abstractmethod
+    def num_free_blocks(self) -> int:
+        """The KV blocks no request holds."""
+
+    @abstractmethod
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Seq[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_namespace: str = "",
+        priority: Priority | str = Priority.INTERACTIVE,
+    ) -> RequestStream:
+        """Queue a request and return its output stream; raises RequestError at once if
+        invalid, EngineClosedError once the engine is shut down."""
+
+    @abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Abort in any state; the stream then ends with a finish_reason "abort" output."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine; open streams end with EngineClosedError."""
+
+    def _open_stream(self, request_id: str) -> RequestStream:
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        if request_id in self._streams:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        stream = self._streams[request_id] = RequestStream(request_id)
+        return stream
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if self._on_step is not None:
+            self._on_step(outputs)
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream._put(output)
+            if output.finished:
+                del self._streams[output.request_id]
+
+    def _fail_one(self, request_id: str, error: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream._put(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream._put(error)
