@@ -1,4 +1,6 @@
-"""`tollgate models ...` and `tollgate engine ...` subcommands."""
+"""The engine's `tollgate` subcommands: `models init-tiny` writes a random-weight model
+(`engine.tools.tiny`); `engine generate` runs one prompt through `LLMEngine` in this
+process, without the services."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def _register_models(subparsers: Any) -> None:
     models.set_defaults(func=lambda args: _usage(models))
     commands = models.add_subparsers(dest="models_command", metavar="COMMAND")
     init = commands.add_parser(
-        "init-tiny", help="write a random-weight Llama model in Hugging Face format"
+        "init-tiny", help="write a random-weight Llama or Qwen2 model in Hugging Face format"
     )
     init.add_argument("dir", help="directory to write (created if missing)")
     init.add_argument("--layers", type=int, default=2)

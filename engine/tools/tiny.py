@@ -1,4 +1,5 @@
-"""Random-weight Llama / Qwen2 models in Hugging Face format, for tests and benchmarks."""
+"""Random-weight Llama / Qwen2 models in Hugging Face format, with a trained tokenizer and a
+chat template: the models of the tests, the benchmarks and `tollgate models init-tiny`."""
 
 from __future__ import annotations
 
