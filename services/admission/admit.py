@@ -23,7 +23,7 @@ class Admission:
     tenant_id: str
     params: GenerateParams
     prompt_token_ids: list[int]
-    num_blocks: int
+    num_kv_blocks: int
     traceparent: str = ""
 
     @property
@@ -37,7 +37,7 @@ class Admission:
             "sampling": self.params.sampling.payload(),
             "prompt_token_ids": self.prompt_token_ids,
             "idempotency_key": self.idempotency_key,
-            "kv_blocks_reserved": self.num_blocks,
+            "num_kv_blocks": self.num_kv_blocks,
         }
 
 
@@ -78,12 +78,12 @@ async def admit(db: Database, admission: Admission) -> Admitted:
 # by the admissions that held the lock before.
 _RESERVE = """
     WITH open AS (
-        SELECT coalesce(sum(num_blocks), 0) AS blocks, count(*) AS runs
+        SELECT coalesce(sum(num_kv_blocks), 0) AS blocks, count(*) AS runs
         FROM kv_reservations WHERE tenant_id = %(tenant_id)s AND released_at IS NULL
     ), reserved AS (
-        INSERT INTO kv_reservations (run_id, tenant_id, num_blocks, reserved_at)
-        SELECT %(run_id)s, %(tenant_id)s, %(num_blocks)s, clock_timestamp() FROM open
-        WHERE (%(max_blocks)s = 0 OR open.blocks + %(num_blocks)s <= %(max_blocks)s)
+        INSERT INTO kv_reservations (run_id, tenant_id, num_kv_blocks, reserved_at)
+        SELECT %(run_id)s, %(tenant_id)s, %(num_kv_blocks)s, clock_timestamp() FROM open
+        WHERE (%(max_blocks)s = 0 OR open.blocks + %(num_kv_blocks)s <= %(max_blocks)s)
           AND (%(max_runs)s = 0 OR open.runs < %(max_runs)s)
         RETURNING 1
     )
@@ -110,7 +110,7 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
             {
                 "tenant_id": admission.tenant_id,
                 "run_id": admission.run_id,
-                "num_blocks": admission.num_blocks,
+                "num_kv_blocks": admission.num_kv_blocks,
                 "max_blocks": max_blocks,
                 "max_runs": max_runs,
             },
@@ -120,9 +120,9 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
     open_blocks, open_runs = reserved["blocks"], reserved["runs"]
     if reserved["reserved"]:
         return int(tenant["weight"])
-    if max_blocks and open_blocks + admission.num_blocks > max_blocks:
+    if max_blocks and open_blocks + admission.num_kv_blocks > max_blocks:
         raise QuotaExceeded(
-            f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_blocks}",
+            f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_kv_blocks}",
             subject=f"tenant:{admission.tenant_id}:kv_blocks",
             retry_after=QUOTA_RETRY_SECONDS,
         )

@@ -103,7 +103,7 @@ class Gateway:
             tenant_id=tenant_id,
             params=params,
             prompt_token_ids=prompt_token_ids,
-            num_blocks=blocks_needed(
+            num_kv_blocks=blocks_needed(
                 len(prompt_token_ids) + params.sampling.max_tokens, self.config.block_size
             ),
             traceparent=current_traceparent(),

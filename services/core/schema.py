@@ -79,7 +79,7 @@ kv_reservations = sa.Table(
     metadata,
     sa.Column("run_id", sa.Text, primary_key=True),
     sa.Column("tenant_id", sa.Text, nullable=False),
-    sa.Column("num_blocks", sa.BigInteger, nullable=False),
+    sa.Column("num_kv_blocks", sa.BigInteger, nullable=False),
     sa.Column("reserved_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("released_at", sa.DateTime(timezone=True)),
 )

@@ -72,12 +72,12 @@ class Dispatcher:
         run = self.state.take_next(time.time())
         if run is None:
             return None
-        worker = self.state.registry.choose(run.kv_blocks, run.model)
+        worker = self.state.registry.choose(run.num_kv_blocks, run.model)
         if worker is None:  # cannot happen right after take_next; be safe anyway
             self.state.put_back(run)
             return None
         # Held while the assignment is in flight, so parallel dispatches do not overbook.
-        self.state.registry.reserve(worker.worker_id, run.kv_blocks)
+        self.state.registry.reserve(worker.worker_id, run.num_kv_blocks)
         return run, worker
 
     async def _dispatch_logged(self, run: QueuedRun, worker: Worker) -> None:
@@ -110,11 +110,11 @@ class Dispatcher:
             raise
         finally:
             if outcome != AssignOutcome.ASSIGNED:
-                self.state.registry.release(worker.worker_id, run.kv_blocks)
+                self.state.registry.release(worker.worker_id, run.num_kv_blocks)
             if outcome == AssignOutcome.NO_ROOM:
                 # After the release, which would otherwise undo it: the worker has less
                 # room than this run until it reports again.
-                self.state.registry.mark_full(worker.worker_id, run.kv_blocks)
+                self.state.registry.mark_full(worker.worker_id, run.num_kv_blocks)
 
     async def _lease_and_assign(
         self, run: QueuedRun, worker_id: str, address: str

@@ -27,7 +27,7 @@ class QueuedRun:
     created_at: float  # epoch seconds of the run's creation
     queued_at: float  # epoch seconds of its latest `queued` event
     weight: int
-    kv_blocks: int
+    num_kv_blocks: int
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -42,7 +42,7 @@ class QueuedRun:
             run_id=self.run_id,
             tenant_id=self.tenant_id,
             queue_class=self.queue_class,
-            cost=self.kv_blocks,
+            cost=self.num_kv_blocks,
             weight=max(1, self.weight),
             enqueued_at=self.created_at,
         )
@@ -74,13 +74,13 @@ def queued_run(
         created_at=created_at,
         queued_at=queued_at,
         weight=weight,
-        kv_blocks=kv_blocks_of(payload, block_size),
+        num_kv_blocks=num_kv_blocks_of(payload, block_size),
     )
 
 
-def kv_blocks_of(payload: Mapping[str, Any], block_size: int) -> int:
+def num_kv_blocks_of(payload: Mapping[str, Any], block_size: int) -> int:
     """The blocks admission reserved, or what prompt + max_tokens need."""
-    reserved = int(payload.get("kv_blocks_reserved", 0) or 0)
+    reserved = int(payload.get("num_kv_blocks", 0) or 0)
     if reserved > 0:
         return reserved
     num_tokens = len(payload.get("prompt_token_ids", [])) + int(

@@ -88,11 +88,11 @@ class SchedulerState:
 
     def _run_fits(self, run_id: str) -> bool:
         run = self.queued[run_id]
-        return self.registry.choose(run.kv_blocks, run.model) is not None
+        return self.registry.choose(run.num_kv_blocks, run.model) is not None
 
     def _may_ever_fit(self, run_id: str) -> bool:
         run = self.queued[run_id]
-        return self.registry.may_ever_fit(run.kv_blocks, run.model)
+        return self.registry.may_ever_fit(run.num_kv_blocks, run.model)
 
     def settle(self, run_id: str, assignment: Assignment | None = None) -> None:
         """Ends the dispatch of `run_id`: assigned, or (None) dropped."""

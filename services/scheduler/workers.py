@@ -43,13 +43,13 @@ class Worker:
     def serves(self, model: str) -> bool:
         return not self.model or self.model == model
 
-    def can_take(self, cost: int, model: str) -> bool:
+    def can_take(self, num_kv_blocks: int, model: str) -> bool:
         return (
             self.alive
             and not self.suspect
             and not self.draining
             and self.serves(model)
-            and self.num_free_blocks >= cost
+            and self.num_free_blocks >= num_kv_blocks
         )
 
     @property
@@ -109,32 +109,32 @@ class WorkerRegistry:
         if worker_id in self._workers:
             self._workers[worker_id].suspect = True
 
-    def mark_full(self, worker_id: str, cost: int) -> None:
-        """It refused a run of `cost` blocks: it has less room than that."""
+    def mark_full(self, worker_id: str, num_kv_blocks: int) -> None:
+        """It refused a run of `num_kv_blocks` blocks: it has less room than that."""
         worker = self._workers.get(worker_id)
         if worker is not None:
-            worker.num_free_blocks = min(worker.num_free_blocks, cost - 1)
+            worker.num_free_blocks = min(worker.num_free_blocks, num_kv_blocks - 1)
 
-    def reserve(self, worker_id: str, cost: int) -> None:
+    def reserve(self, worker_id: str, num_kv_blocks: int) -> None:
         worker = self._workers.get(worker_id)
         if worker is not None:
-            worker.num_free_blocks = max(0, worker.num_free_blocks - cost)
+            worker.num_free_blocks = max(0, worker.num_free_blocks - num_kv_blocks)
 
-    def release(self, worker_id: str, cost: int) -> None:
+    def release(self, worker_id: str, num_kv_blocks: int) -> None:
         """Gives back what `reserve` took for a run the worker did not take."""
         worker = self._workers.get(worker_id)
         if worker is not None:
-            worker.num_free_blocks = min(worker.capacity, worker.num_free_blocks + cost)
+            worker.num_free_blocks = min(worker.capacity, worker.num_free_blocks + num_kv_blocks)
 
-    def choose(self, cost: int, model: str) -> Worker | None:
-        """The dispatchable worker with the most free blocks that fits `cost`."""
-        fitting = [w for w in self._workers.values() if w.can_take(cost, model)]
+    def choose(self, num_kv_blocks: int, model: str) -> Worker | None:
+        """The dispatchable worker with the most free blocks that fits `num_kv_blocks`."""
+        fitting = [w for w in self._workers.values() if w.can_take(num_kv_blocks, model)]
         return max(fitting, key=lambda w: (w.num_free_blocks, w.worker_id), default=None)
 
-    def may_ever_fit(self, cost: int, model: str) -> bool:
-        """Whether some live worker serving `model` could hold `cost` blocks once idle."""
+    def may_ever_fit(self, num_kv_blocks: int, model: str) -> bool:
+        """Whether some live worker serving `model` could hold `num_kv_blocks` once idle."""
         return any(
-            w.alive and w.serves(model) and w.capacity >= cost for w in self._workers.values()
+            w.alive and w.serves(model) and w.capacity >= num_kv_blocks for w in self._workers.values()
         )
 
     def expire(self, now: float, timeout: float) -> list[str]:

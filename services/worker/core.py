@@ -91,7 +91,7 @@ class WorkerCore:
             lease_epoch=assignment.lease_epoch,
             last_seq=assignment.last_seq,
             traceparent=traceparent,
-            num_reserved_blocks=needed,
+            num_kv_blocks=needed,
         )
         prefill = NewEvent(
             RunState.PREFILL, {"worker_id": self.worker_id, "lease_epoch": assignment.lease_epoch}
@@ -138,7 +138,7 @@ class WorkerCore:
     @property
     def num_free_blocks(self) -> int:
         """Blocks not promised to a running run: each may grow to its full length."""
-        reserved = sum(run.num_reserved_blocks for run in self.runs.values())
+        reserved = sum(run.num_kv_blocks for run in self.runs.values())
         return self.engine.limits.num_total_blocks - reserved
 
     def status(self) -> Status:

@@ -23,7 +23,7 @@ class AssignedRun:
     traceparent: str = ""
     cancel_reason: str | None = None
     # KV blocks held back for the run's whole length (prompt + max_tokens).
-    num_reserved_blocks: int = 0
+    num_kv_blocks: int = 0
     # Set once events after `prefill` are stored.
     streamed: bool = False
 

@@ -124,22 +124,22 @@ class LedgerEntry(_message.Message):
     def __init__(self, entry_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., run_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., billing_type: _Optional[str] = ..., quantity: _Optional[int] = ..., unit_price_micros: _Optional[int] = ..., amount_micros: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Queued(_message.Message):
-    __slots__ = ("model", "priority", "sampling", "prompt_token_ids", "idempotency_key", "kv_blocks_reserved", "requeue_reason")
+    __slots__ = ("model", "priority", "sampling", "prompt_token_ids", "idempotency_key", "num_kv_blocks", "requeue_reason")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
-    KV_BLOCKS_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REQUEUE_REASON_FIELD_NUMBER: _ClassVar[int]
     model: str
     priority: Priority
     sampling: SamplingParams
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     idempotency_key: str
-    kv_blocks_reserved: int
+    num_kv_blocks: int
     requeue_reason: str
-    def __init__(self, model: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., idempotency_key: _Optional[str] = ..., kv_blocks_reserved: _Optional[int] = ..., requeue_reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., idempotency_key: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., requeue_reason: _Optional[str] = ...) -> None: ...
 
 class Prefill(_message.Message):
     __slots__ = ("worker_id", "lease_epoch", "cached_prompt_tokens")

@@ -79,7 +79,7 @@ async def test_generate_streams_every_event_until_billed(admission: Admission) -
     queued = await call.read()
     assert queued.WhichOneof("kind") == "queued" and queued.seq == 1
     assert len(queued.queued.prompt_token_ids) > 0
-    assert queued.queued.kv_blocks_reserved == math.ceil(
+    assert queued.queued.num_kv_blocks == math.ceil(
         (len(queued.queued.prompt_token_ids) + 8) / 16
     )
     await finish_run(admission.store, queued.run_id, [5, 6, 7], ["a", "b", "c"])
@@ -361,7 +361,7 @@ async def test_the_scheduler_hears_of_each_new_run_once(
     from_hint = run_from_hint(hinted_run(admitted), 16)
     assert 0 <= from_hint.created_at - stored.created_at < 1.0
     assert replace(from_hint, created_at=stored.created_at) == stored
-    assert stored.weight == 3 and stored.kv_blocks > 0 and stored.prompt_token_ids
+    assert stored.weight == 3 and stored.num_kv_blocks > 0 and stored.prompt_token_ids
 
 
 async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(

@@ -26,7 +26,7 @@ def event(kind: RunState, payload: dict[str, object]) -> StoredEvent:
                 "sampling": {"max_tokens": 8, "stop": ["\n"], "stop_token_ids": [2, 3]},
                 "prompt_token_ids": list(range(300)),
                 "idempotency_key": "k",
-                "kv_blocks_reserved": 20,
+                "num_kv_blocks": 20,
             },
         ),
         (RunState.STREAMING, {"token_ids": [5, 0, 2**31 - 1], "text": "a\u0000é"}),

@@ -49,7 +49,7 @@ async def queued_run(store: EventStore, tenant_id: str = "t1", model: str = "tin
     )
     async with store.db.begin() as conn:
         await conn.execute(
-            kv_reservations.insert().values(run_id=run_id, tenant_id=tenant_id, num_blocks=4)
+            kv_reservations.insert().values(run_id=run_id, tenant_id=tenant_id, num_kv_blocks=4)
         )
     return run_id
 

@@ -39,7 +39,7 @@ async def queue_run(
         "sampling": {"temperature": 0.0, "max_tokens": max_tokens},
         "prompt_token_ids": list(prompt),
         "idempotency_key": f"run:{run_id}",
-        "kv_blocks_reserved": -(-(len(prompt) + max_tokens) // BLOCK_SIZE),
+        "num_kv_blocks": -(-(len(prompt) + max_tokens) // BLOCK_SIZE),
     }
     await store.append(
         run_id,

@@ -10,7 +10,7 @@ QUEUED = {
     "sampling": {"max_tokens": 8},
     "prompt_token_ids": [1, 2, 3],
     "idempotency_key": "k",
-    "kv_blocks_reserved": 1,
+    "num_kv_blocks": 1,
 }
 
 
