@@ -18,7 +18,6 @@ from typing import Any
 import structlog
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
@@ -61,13 +60,6 @@ def configure_tracing(service: str) -> None:
     if os.environ.get("TOLLGATE_TRACE_CONSOLE") == "1":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
     trace.set_tracer_provider(provider)
-
-
-def configure_metrics(service: str, readers: list[Any] | None = None) -> None:
-    provider = MeterProvider(
-        resource=Resource.create({"service.name": service}), metric_readers=readers or []
-    )
-    metrics.set_meter_provider(provider)
 
 
 def get_tracer() -> trace.Tracer:

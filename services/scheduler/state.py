@@ -125,9 +125,6 @@ class SchedulerState:
             if len(self.ended) > self.max_remembered_ended:
                 del self.ended[next(iter(self.ended))]
 
-    def assignments_of(self, worker_id: str) -> list[Assignment]:
-        return [a for a in self.assignments.values() if a.worker_id == worker_id]
-
     def stats(self) -> QueueStats:
         alive = list(self.registry.alive())
         return QueueStats(
