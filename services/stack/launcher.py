@@ -32,9 +32,9 @@ STOP_TIMEOUT_S = 15.0
 
 # The worker shares the machine with the other services. With 4 cores or more, one is
 # left to them, or they queue behind the engine's matrix multiplies (each hop of a run's
-# way to its first token waits for a core). With fewer, the engine needs every core: on
-# 2 cores, leaving one to the services costs the engine half the machine (README,
-# `bench.stack`). Either variable set by the caller wins.
+# way to its first token waits for a core). With fewer, the engine needs every core: a
+# core left to the services is then a large share of the machine taken from the engine,
+# more than the services gain (bench/RESULTS.md). Either variable set by the caller wins.
 THREAD_VARIABLES = ("TOLLGATE_ENGINE_THREADS", "TOLLGATE_RESERVED_CORES")
 COLOCATED_RESERVED_CORES = "1"
 RESERVE_FROM_CORES = 4

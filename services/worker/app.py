@@ -80,7 +80,7 @@ class WorkerSettings:
 
 # The engine's process stands this far below the services, PostgreSQL and the broker,
 # which share its cores: their wake-ups take a core at once, so a run's events reach its
-# client sooner, and the engine has the cores back when they wait (README, bench.stack).
+# client sooner, and the engine has the cores back when they wait (bench/RESULTS.md).
 ENGINE_NICENESS = 5
 
 
