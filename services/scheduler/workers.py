@@ -134,7 +134,8 @@ class WorkerRegistry:
     def may_ever_fit(self, num_kv_blocks: int, model: str) -> bool:
         """Whether some live worker serving `model` could hold `num_kv_blocks` once idle."""
         return any(
-            w.alive and w.serves(model) and w.capacity >= num_kv_blocks for w in self._workers.values()
+            w.alive and w.serves(model) and w.capacity >= num_kv_blocks
+            for w in self._workers.values()
         )
 
     def expire(self, now: float, timeout: float) -> list[str]:

@@ -50,8 +50,7 @@ def _insert_old_run(conn: sa.Connection) -> None:
     )
     conn.execute(
         sa.text(
-            "INSERT INTO kv_reservations (run_id, tenant_id, num_blocks)"
-            " VALUES ('r-1', 't-1', 7)"
+            "INSERT INTO kv_reservations (run_id, tenant_id, num_blocks) VALUES ('r-1', 't-1', 7)"
         )
     )
 

@@ -79,9 +79,7 @@ async def test_generate_streams_every_event_until_billed(admission: Admission) -
     queued = await call.read()
     assert queued.WhichOneof("kind") == "queued" and queued.seq == 1
     assert len(queued.queued.prompt_token_ids) > 0
-    assert queued.queued.num_kv_blocks == math.ceil(
-        (len(queued.queued.prompt_token_ids) + 8) / 16
-    )
+    assert queued.queued.num_kv_blocks == math.ceil((len(queued.queued.prompt_token_ids) + 8) / 16)
     await finish_run(admission.store, queued.run_id, [5, 6, 7], ["a", "b", "c"])
     rest = await read_rest(call)
     kinds = [e.WhichOneof("kind") for e in rest]
