@@ -104,7 +104,9 @@ async def stop_tasks(tasks: Sequence[asyncio.Future[Any]], grace: float) -> None
         if not pending:
             break
         if attempt:
-            log.warning("background tasks still stopping, cancelling again", count=len(pending))
+            log.warning(
+                "background tasks still stopping, cancelling again", num_pending=len(pending)
+            )
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=grace)

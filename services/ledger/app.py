@@ -99,7 +99,7 @@ async def run(settings: LedgerSettings) -> None:
     server, port, health_servicer = create_ledger_server(db, settings)
     metrics_port = start_metrics(common.metrics_port)
     if metrics_port is not None:
-        log.info("metrics", port=metrics_port)
+        log.info("metrics", metrics_port=metrics_port)
     try:
         await serve(
             server,

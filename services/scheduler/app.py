@@ -141,7 +141,10 @@ async def serve(settings: SchedulerSettings) -> None:
     server, port, health_servicer = create_server(settings.common.listen, app)
     metrics_port = core_server.start_metrics(settings.common.metrics_port)
     log.info(
-        "scheduler starting", port=port, metrics_port=metrics_port, workers=len(settings.workers)
+        "scheduler starting",
+        port=port,
+        metrics_port=metrics_port,
+        num_static_workers=len(settings.workers),
     )
     try:
         await core_server.serve(

@@ -91,7 +91,7 @@ class ServiceProcess:
         return self.process.pid
 
     def start(self) -> None:
-        log.info(f"starting {self.name}", log=str(self.log_path))
+        log.info(f"starting {self.name}", log_path=str(self.log_path))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as err:
             # No preexec_fn: the service ties itself to this process (`follow_parent`).

@@ -53,7 +53,7 @@ class ServerProcess:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log.info(f"starting {self.name}", log=str(self._log_path))
+        log.info(f"starting {self.name}", log_path=str(self._log_path))
         with open(self._log_path, "ab") as out:
             self._process = subprocess.Popen(
                 self._argv,

@@ -151,7 +151,7 @@ async def drain(core: WorkerCore, seconds: int) -> None:
         if not core.runs:
             return
         await asyncio.sleep(0.1)
-    log.warning("stopping with runs still in flight", run_ids=sorted(core.runs))
+    log.warning("stopping with runs still in flight", running_run_ids=sorted(core.runs))
 
 
 async def main() -> None:

@@ -35,7 +35,7 @@ def observe_finished(output: RequestOutput) -> None:
             histogram.observe(value)
 
 
-def observe_pool(num_free: int, num_total: int, num_reserved_free: int) -> None:
+def observe_pool(num_free: int, num_total: int, num_unreserved: int) -> None:
     KV_BLOCKS.labels("free").set(num_free)
     KV_BLOCKS.labels("used").set(num_total - num_free)
-    KV_BLOCKS.labels("unreserved").set(num_reserved_free)
+    KV_BLOCKS.labels("unreserved").set(num_unreserved)
