@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint proto bench clean
+.PHONY: run test test-fast lint proto sdk bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 ## make proto: regenerate tollgate/v1/*_pb2*.py from protos/.
 proto: $(STAMP)
 	$(PY) -m tools.protogen
+
+## make sdk: regenerate the synchronous client (tollgate/client.py, stream.py) from the asyncio one.
+sdk: $(STAMP)
+	$(PY) -m tools.sdkgen
 
 clean:
 	rm -rf $(VENV) .tollgate

@@ -1,26 +1,39 @@
-"""The asyncio Tollgate client, with the same surface as `tollgate.client`.
+"""Tollgate's clients: `Client` for a tenant's runs and usage, `AdminClient` for the operator.
+
+`tollgate.aio` holds their asyncio forms, `AsyncClient` and `AsyncAdminClient`, and is the
+one source of both: `make sdk` generates the synchronous `tollgate.client` from it.
+Every failed call raises a `tollgate.errors.TollgateError` subclass.
+
+    with Client("localhost:50051", api_key) as client:
+        for event in client.generate("Hello", model="tiny", max_tokens=16):
+            print(event.text, end="")
 
     async with AsyncClient("localhost:50051", api_key) as client:
         async for event in client.generate("Hello", model="tiny", max_tokens=16):
             print(event.text, end="")
-
-Every failed call raises a `tollgate.errors.TollgateError` subclass.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 
 from tollgate import convert
 from tollgate.aio_stream import AsyncStream
-from tollgate.client import DEFAULT_RETRY, DEFAULT_TIMEOUT, Messages, bearer
 from tollgate.errors import from_rpc_error
 from tollgate.resume import NextCall, StreamTracker
+from tollgate.transport import (
+    DEFAULT_RETRY,
+    DEFAULT_TIMEOUT,
+    AsyncUnary,
+    Messages,
+    bearer,
+)
+from tollgate.transport import open_async_channel as open_channel
 from tollgate.types import (
     ApiKey,
     LedgerEntry,
@@ -43,18 +56,11 @@ from tollgate.v1 import (
 )
 
 T = TypeVar("T")
-B = TypeVar("B", bound="_AsyncBase")
-
-
-def open_channel(
-    address: str, credentials: grpc.ChannelCredentials | None, options: Sequence[tuple[str, Any]]
-) -> grpc.aio.Channel:
-    if credentials is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
-    return grpc.aio.secure_channel(address, credentials, options=list(options))
 
 
 class _AsyncBase:
+    """Channels, credentials and the unary-call wrapper shared by both clients."""
+
     def __init__(
         self,
         address: str,
@@ -76,9 +82,10 @@ class _AsyncBase:
         self._ledger = ledger_pb2_grpc.LedgerServiceStub(self._ledger_channel)
 
     def __repr__(self) -> str:
+        # Never the key or token.
         return f"{type(self).__name__}()"
 
-    async def _unary(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
+    async def _unary(self, method: AsyncUnary[T], request: Any) -> T:
         try:
             return await method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as error:
@@ -89,7 +96,7 @@ class _AsyncBase:
             await self._ledger_channel.close()
         await self._channel.close()
 
-    async def __aenter__(self: B) -> B:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(
@@ -100,9 +107,12 @@ class _AsyncBase:
     ) -> None:
         await self.close()
 
+    # LedgerService: a tenant key sees its own tenant, the admin token every tenant.
+
     async def list_ledger_entries(
         self, *, tenant_id: str = "", run_id: str = "", page_size: int = 100, page_token: str = ""
     ) -> LedgerEntryPage:
+        """One page of ledger entries."""
         request = ledger_pb2.ListLedgerEntriesRequest(
             tenant_id=tenant_id, run_id=run_id, page_size=page_size, page_token=page_token
         )
@@ -113,6 +123,7 @@ class _AsyncBase:
     async def iter_ledger_entries(
         self, *, tenant_id: str = "", run_id: str = "", page_size: int = 100
     ) -> AsyncIterator[LedgerEntry]:
+        """Every ledger entry, page after page."""
         token = ""
         while True:
             page = await self.list_ledger_entries(
@@ -127,16 +138,22 @@ class _AsyncBase:
     async def get_usage(
         self, *, tenant_id: str = "", start: datetime | None = None, end: datetime | None = None
     ) -> UsageReport:
+        """Billed usage of a tenant (the caller's own for an API key) in [start, end)."""
         request = convert.usage_request(tenant_id, start, end)
         return convert.usage_report_of(await self._unary(self._ledger.GetUsage, request))
 
     async def get_reconciliation(self) -> Reconciliation:
+        """Runs whose billing or KV reservation does not add up."""
         request = ledger_pb2.GetReconciliationRequest()
         return convert.reconciliation_of(await self._unary(self._ledger.GetReconciliation, request))
 
 
 class AsyncClient(_AsyncBase):
-    """A tenant's asyncio client; see `tollgate.client.Client` for the semantics."""
+    """A tenant's client: generate and follow runs, read its usage.
+
+    `timeout` bounds each unary call; `stream_timeout`, when set, bounds each
+    attempt of a stream, which is then resumed. `retry` governs resuming.
+    """
 
     def __init__(
         self,
@@ -181,7 +198,12 @@ class AsyncClient(_AsyncBase):
         disconnect_grace: float | None = None,
         until_terminal: bool = False,
     ) -> AsyncStream:
-        """Starts a run and streams its events; the call opens on the first iteration."""
+        """Starts a run (or attaches to the one `idempotency_key` names) and streams its events.
+
+        The idempotency key defaults to a fresh UUID, so retries inside the stream
+        never start a second run. The stream ends at `billed`, or at the terminal
+        event with `until_terminal`. The call opens on the first iteration.
+        """
         request = convert.generate_request(
             prompt,
             messages=messages,
@@ -213,6 +235,7 @@ class AsyncClient(_AsyncBase):
     def stream_run(
         self, run_id: str, starting_after: int = 0, *, until_terminal: bool = False
     ) -> AsyncStream:
+        """A run's events after seq `starting_after` (0 = all), live until it ends."""
         tracker = StreamTracker(
             run_id=run_id, starting_after=starting_after, until_terminal=until_terminal
         )
@@ -225,6 +248,7 @@ class AsyncClient(_AsyncBase):
         return self._gateway.StreamRun(call.stream_run, **options)
 
     async def cancel_run(self, run_id: str) -> Run:
+        """Asks the run to stop; returns its state as of the request."""
         request = gateway_pb2.CancelRunRequest(run_id=run_id)
         return convert.run_of(await self._unary(self._gateway.CancelRun, request))
 
@@ -233,12 +257,14 @@ class AsyncClient(_AsyncBase):
         return convert.run_of(await self._unary(self._gateway.GetRun, request))
 
     async def list_runs(self, page_size: int = 50, page_token: str = "") -> RunPage:
+        """One page of the tenant's runs."""
         request = gateway_pb2.ListRunsRequest(page_size=page_size, page_token=page_token)
         response = await self._unary(self._gateway.ListRuns, request)
         runs = tuple(convert.run_of(r) for r in response.runs)
         return RunPage(runs=runs, next_page_token=response.next_page_token)
 
     async def iter_runs(self, page_size: int = 100) -> AsyncIterator[Run]:
+        """Every run of the tenant, page after page."""
         token = ""
         while True:
             page = await self.list_runs(page_size, token)
@@ -250,7 +276,7 @@ class AsyncClient(_AsyncBase):
 
 
 class AsyncAdminClient(_AsyncBase):
-    """The operator's asyncio client, authenticated with the admin token."""
+    """The operator's client, authenticated with the admin token."""
 
     def __init__(
         self,
@@ -285,6 +311,7 @@ class AsyncAdminClient(_AsyncBase):
         return [convert.tenant_of(t) for t in response.tenants]
 
     async def create_api_key(self, tenant_id: str) -> ApiKey:
+        """A new key for the tenant; its `secret` is returned this once and stored hashed."""
         request = admin_pb2.CreateApiKeyRequest(tenant_id=tenant_id)
         return convert.api_key_of(await self._unary(self._admin.CreateApiKey, request))
 
@@ -295,6 +322,7 @@ class AsyncAdminClient(_AsyncBase):
     async def set_quota(
         self, tenant_id: str, *, max_kv_blocks: int = 0, max_concurrent_runs: int = 0
     ) -> Quota:
+        """Replaces the tenant's limits; 0 means unlimited."""
         quota = admin_pb2.Quota(
             tenant_id=tenant_id,
             max_kv_blocks=max_kv_blocks,

@@ -1,9 +1,14 @@
-"""A run's event stream that survives broken connections (asyncio)."""
+"""A run's event stream that survives broken connections: `Stream`, and its asyncio form.
+
+`tollgate.aio_stream` holds `AsyncStream` and is the one source of both:
+`make sdk` generates the synchronous `tollgate.stream` from it.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -12,21 +17,29 @@ import grpc
 from tollgate.convert import event_of
 from tollgate.errors import StreamGapError, TollgateError, from_rpc_error
 from tollgate.resume import Backoff, NextCall, StreamTracker, is_resumable, stream_ended_early
-from tollgate.types import RetryPolicy, Run, RunEvent, Usage
+from tollgate.transport import AsyncProbe, AsyncSleep
+from tollgate.types import RetryPolicy, RunEvent, Usage
 
+# Opens one attempt of the stream: Generate or StreamRun, per NextCall.
 AsyncOpener = Callable[[NextCall], Any]
 
 
 class AsyncStream:
-    """The asyncio form of `tollgate.stream.Stream`: `async for event in stream`."""
+    """Iterates a run's events exactly once each, in seq order, reconnecting as needed.
+
+    A broken connection is resumed transparently: with StreamRun after the last
+    seq seen once the run id is known, else with Generate again under the same
+    idempotency key. `text`, `usage`, `finish_reason` and `state` accumulate as
+    events go by. Use it as a context manager, or close it, to stop early.
+    """
 
     def __init__(
         self,
         opener: AsyncOpener,
         tracker: StreamTracker,
         policy: RetryPolicy,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        probe: Callable[[str], Awaitable[Run]] | None = None,
+        sleep: AsyncSleep = asyncio.sleep,
+        probe: AsyncProbe | None = None,
     ) -> None:
         self._open = opener
         self._tracker = tracker
@@ -35,15 +48,18 @@ class AsyncStream:
         # Asks the server how the run stands when a stream ends without its last event.
         self._probe = probe
         self._call: Any = None
-        self._closed = False
+        # A threading.Event: the synchronous Stream may be closed from another thread.
+        self._closed = threading.Event()
         self._events = self._run()
 
     @property
     def run_id(self) -> str | None:
+        """The run's id, known from the first event on (at once for stream_run)."""
         return self._tracker.run_id
 
     @property
     def text(self) -> str:
+        """The text streamed so far."""
         return self._tracker.text
 
     @property
@@ -64,6 +80,7 @@ class AsyncStream:
 
     @property
     def terminal_event(self) -> RunEvent | None:
+        """The completed, failed or cancelled event, once seen."""
         return self._tracker.terminal
 
     @property
@@ -83,14 +100,19 @@ class AsyncStream:
         return self
 
     def raise_for_outcome(self) -> None:
+        """Raises RunFailedError or RunCancelledError when the run ended that way."""
         self._tracker.raise_for_outcome()
 
     async def aclose(self) -> None:
         """Stops the stream; the run itself goes on (see disconnect_grace)."""
-        self._closed = True
+        self._closed.set()
         if self._call is not None:
             self._call.cancel()
-        await self._events.aclose()
+        try:
+            await self._events.aclose()
+        except ValueError:
+            # Closed from another thread mid-read: the cancelled call ends that read.
+            pass
 
     async def __aenter__(self) -> AsyncStream:
         return self
@@ -114,7 +136,7 @@ class AsyncStream:
 
     async def _run(self) -> AsyncGenerator[RunEvent, None]:
         tracker = self._tracker
-        while not tracker.done and not self._closed:
+        while not tracker.done and not self._closed.is_set():
             self._call = call = self._open(tracker.next_call())
             try:
                 async for message in call:
@@ -129,7 +151,7 @@ class AsyncStream:
                     return
                 error: TollgateError = stream_ended_early()
             except grpc.RpcError as rpc_error:
-                if self._closed:
+                if self._closed.is_set():
                     return
                 error = from_rpc_error(rpc_error)
                 if not is_resumable(error):
