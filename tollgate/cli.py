@@ -1,33 +1,83 @@
-"""The `tollgate` command line: each area registers its own subcommands."""
+"""The `tollgate` command line: each area registers its own subcommands.
+
+The client's commands (`tollgate.commands`) are registered at once. The operator's
+(`up`, `infra`, `models`, `engine`) load the server side (torch, SQLAlchemy, Kafka), so
+each stands as a placeholder that imports its module only when that command is parsed;
+`tollgate --help` lists them from `OPERATOR_COMMANDS`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-# Modules that expose `register(subparsers)`; each adds its own subcommands
-# and sets `func` on its parsers.
-COMMAND_MODULES = (
-    "services.stack.infra_cli",
-    "services.stack.cli",
-    "engine.tools.cli",
-    "tollgate.commands",
+from tollgate import commands
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorCommand:
+    """A subcommand that `module`'s `register(subparsers)` adds, with the help it gives it."""
+
+    name: str
+    help: str
+    module: str
+
+
+OPERATOR_COMMANDS = (
+    OperatorCommand(
+        "infra", "local PostgreSQL and Kafka-protocol broker", "services.stack.infra_cli"
+    ),
+    OperatorCommand(
+        "up", "start PostgreSQL, the broker and the four services", "services.stack.cli"
+    ),
+    OperatorCommand("models", "create and inspect model directories", "engine.tools.cli"),
+    OperatorCommand("engine", "run the inference engine offline", "engine.tools.cli"),
 )
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """An ordinary parser, or with `deferred` the placeholder of an operator command."""
+
+    def __init__(self, *, deferred: OperatorCommand | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._deferred = deferred
+
+    # One signature for typeshed's three overloads, which differ only in the namespace's type.
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        if self._deferred is None:
+            return super().parse_known_args(args, namespace)
+        return registered(self._deferred).parse_known_args(args, namespace)
+
+
+def registered(command: OperatorCommand) -> argparse.ArgumentParser:
+    """The parser `command`'s module registers, as `tollgate <name>` (imports the module)."""
+    parser = argparse.ArgumentParser(prog="tollgate")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    importlib.import_module(command.module).register(subparsers)
+    return subparsers.choices[command.name]
+
+
+def is_installed(command: OperatorCommand) -> bool:
+    # Finding a top-level package imports nothing; a client-only install has none.
+    return importlib.util.find_spec(command.module.partition(".")[0]) is not None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tollgate", description="Tollgate LLM serving gateway")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(subparsers)
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_CommandParser
+    )
+    for command in OPERATOR_COMMANDS:
+        if is_installed(command):
+            subparsers.add_parser(command.name, help=command.help, deferred=command)
+    commands.register(subparsers)
     return parser
 
 

@@ -13,9 +13,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from google.protobuf.message import DecodeError
 
 from tollgate.commands.connection import connection_flags, reports_errors, resolve
@@ -23,6 +22,9 @@ from tollgate.commands.output import event_dict, event_line, json_line
 from tollgate.convert import event_of
 from tollgate.types import RunEvent
 from tollgate.v1 import events_pb2
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
 
 RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
 POLL_MS = 200
@@ -91,6 +93,9 @@ def tail_command(args: argparse.Namespace) -> int:
 
 async def tail(options: TailOptions, emit: Callable[[RunEvent], None]) -> int:
     """Emits distinct events until max_events or the timeout; returns how many."""
+    # Imported here: the other client commands, and `tollgate --help`, need no Kafka client.
+    from aiokafka import AIOKafkaConsumer
+
     deadline = time.monotonic() + options.timeout if options.timeout is not None else None
     consumer = AIOKafkaConsumer(bootstrap_servers=options.bootstrap, enable_auto_commit=False)
     await consumer.start()
@@ -103,6 +108,8 @@ async def tail(options: TailOptions, emit: Callable[[RunEvent], None]) -> int:
 
 
 async def _assign(consumer: AIOKafkaConsumer, options: TailOptions, deadline: float | None) -> bool:
+    from aiokafka import TopicPartition
+
     # The topic may not exist yet: wait for it as long as the caller lets us.
     partitions = consumer.partitions_for_topic(options.topic)
     while not partitions:
