@@ -15,9 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from grpc_status import rpc_status
 
-from services.core.errors import ApiError
+from services.core.errors import (
+    ApiError,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    rpc_errors,
+)
 from tollgate.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -41,13 +47,47 @@ class Break:
     skip_seq: int | None = None  # leave out this seq
 
 
+STATES = {
+    "queued": events_pb2.RUN_STATE_QUEUED,
+    "prefill": events_pb2.RUN_STATE_PREFILL,
+    "streaming": events_pb2.RUN_STATE_STREAMING,
+    "completed": events_pb2.RUN_STATE_COMPLETED,
+    "failed": events_pb2.RUN_STATE_FAILED,
+    "cancelled": events_pb2.RUN_STATE_CANCELLED,
+    "billed": events_pb2.RUN_STATE_BILLED,
+}
+TERMINAL = (
+    events_pb2.RUN_STATE_COMPLETED,
+    events_pb2.RUN_STATE_FAILED,
+    events_pb2.RUN_STATE_CANCELLED,
+)
+ENDED = (*TERMINAL, events_pb2.RUN_STATE_BILLED)
+PROMPT_TOKEN_IDS = (1, 2, 3)
+
+
 def script(
-    run_id: str, pieces: Sequence[str], *, end: str = "completed"
+    run_id: str,
+    pieces: Sequence[str],
+    *,
+    end: str = "completed",
+    request: events_pb2.GenerateRequest | None = None,
 ) -> list[events_pb2.RunEvent]:
-    """queued, prefill, one streaming event per piece, the terminal event, billed."""
-    usage = events_pb2.Usage(prompt_tokens=3, output_tokens=len(pieces))
+    """queued, prefill, one streaming event per piece, the terminal event, billed.
+
+    `end="running"` stops after the streaming events: a run still going, to plant in
+    `FakeGateway.runs` (Generate would leave its stream open forever).
+    """
+    request = request or events_pb2.GenerateRequest(model="tiny")
+    queued = events_pb2.Queued(
+        model=request.model,
+        priority=request.priority or events_pb2.PRIORITY_INTERACTIVE,
+        prompt_token_ids=PROMPT_TOKEN_IDS,
+        idempotency_key=request.idempotency_key,
+    )
+    queued.sampling.CopyFrom(request.sampling)
+    usage = events_pb2.Usage(prompt_tokens=len(PROMPT_TOKEN_IDS), output_tokens=len(pieces))
     events = [
-        events_pb2.RunEvent(queued=events_pb2.Queued(model="tiny", prompt_token_ids=[1, 2, 3])),
+        events_pb2.RunEvent(queued=queued),
         events_pb2.RunEvent(prefill=events_pb2.Prefill(worker_id="w1", lease_epoch=1)),
     ]
     for i, piece in enumerate(pieces):
@@ -58,26 +98,61 @@ def script(
         events.append(
             events_pb2.RunEvent(completed=events_pb2.Completed(finish_reason="length", usage=usage))
         )
-    else:
+    elif end == "failed":
         events.append(
             events_pb2.RunEvent(
                 failed=events_pb2.Failed(code="WORKER_LOST", message="worker gone", usage=usage)
             )
         )
-    events.append(events_pb2.RunEvent(billed=events_pb2.Billed(amount_micros=1234, currency="USD")))
-    states = {
-        "queued": events_pb2.RUN_STATE_QUEUED,
-        "prefill": events_pb2.RUN_STATE_PREFILL,
-        "streaming": events_pb2.RUN_STATE_STREAMING,
-        "completed": events_pb2.RUN_STATE_COMPLETED,
-        "failed": events_pb2.RUN_STATE_FAILED,
-        "billed": events_pb2.RUN_STATE_BILLED,
-    }
+    if end != "running":
+        events.append(
+            events_pb2.RunEvent(billed=events_pb2.Billed(amount_micros=1234, currency="USD"))
+        )
     for seq, event in enumerate(events, start=1):
-        event.run_id, event.seq, event.tenant_id = run_id, seq, TENANT
-        event.state = states[event.WhichOneof("kind")]
-        event.time.GetCurrentTime()
+        _stamp(event, run_id, seq)
     return events
+
+
+def _stamp(event: events_pb2.RunEvent, run_id: str, seq: int) -> None:
+    event.run_id, event.seq, event.tenant_id = run_id, seq, TENANT
+    event.state = STATES[event.WhichOneof("kind")]
+    event.time.GetCurrentTime()
+
+
+def run_of(events: Sequence[events_pb2.RunEvent]) -> events_pb2.Run:
+    """The `Run` a run's events add up to, as the gateway's projection has it."""
+    first, last = events[0], events[-1]
+    run = events_pb2.Run(
+        run_id=first.run_id,
+        tenant_id=first.tenant_id,
+        model=first.queued.model,
+        state=last.state,
+        last_seq=last.seq,
+        idempotency_key=first.queued.idempotency_key,
+        priority=first.queued.priority,
+    )
+    run.create_time.CopyFrom(first.time)
+    run.update_time.CopyFrom(last.time)
+    for event in events:
+        body = getattr(event, event.WhichOneof("kind"))
+        if event.state in TERMINAL:
+            run.usage.CopyFrom(body.usage)
+            run.finish_reason = body.finish_reason if event.HasField("completed") else ""
+            run.finish_reason = run.finish_reason or event.WhichOneof("kind")
+    return run
+
+
+def _invalid(field: str, description: str) -> InvalidArgument:
+    return InvalidArgument([FieldViolation(field, description)])
+
+
+def _generate_violations(request: events_pb2.GenerateRequest) -> list[FieldViolation]:
+    found = []
+    if request.sampling.max_tokens <= 0:
+        found.append(FieldViolation("sampling.max_tokens", "must be greater than 0"))
+    if not request.prompt and not request.messages:
+        found.append(FieldViolation("prompt", "set a prompt or messages"))
+    return found
 
 
 @dataclass
@@ -95,22 +170,30 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         metadata = {k: v for k, v in context.invocation_metadata()}
         self.calls.append((method, request, metadata))
 
+    def _known(self, run_id: str) -> list[events_pb2.RunEvent]:
+        if run_id not in self.runs:
+            raise NotFound(f"run {run_id!r} not found")
+        return self.runs[run_id]
+
+    @rpc_errors
     async def Generate(self, request: Any, context: Any) -> AsyncIterator[events_pb2.RunEvent]:
         self._record("Generate", request, context)
         if self.generate_error is not None:
-            await _abort(context, self.generate_error)
-        run_id = self.keys.get(request.idempotency_key)
+            raise self.generate_error
+        if violations := _generate_violations(request):
+            raise InvalidArgument(violations)
+        run_id = self.keys.get(request.idempotency_key) if request.idempotency_key else None
         if run_id is None:
             run_id = str(uuid.uuid4())
             self.keys[request.idempotency_key] = run_id
-            self.runs[run_id] = script(run_id, self.pieces, end=self.end)
+            self.runs[run_id] = script(run_id, self.pieces, end=self.end, request=request)
         async for event in self._send(run_id, 0, request.until_terminal, context):
             yield event
 
+    @rpc_errors
     async def StreamRun(self, request: Any, context: Any) -> AsyncIterator[events_pb2.RunEvent]:
         self._record("StreamRun", request, context)
-        if request.run_id not in self.runs:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} not found")
+        self._known(request.run_id)
         async for event in self._send(
             request.run_id, request.starting_after, request.until_terminal, context
         ):
@@ -132,47 +215,44 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
                 await asyncio.sleep(self.delay)
             yield event
             sent += 1
-            if until_terminal and event.state in (4, 5, 6):
+            if until_terminal and event.state in TERMINAL:
                 return
 
+    @rpc_errors
     async def GetRun(self, request: Any, context: Any) -> events_pb2.Run:
         self._record("GetRun", request, context)
-        if request.run_id not in self.runs:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} not found")
-        return self._run(request.run_id)
+        return run_of(self._known(request.run_id))
 
+    @rpc_errors
     async def CancelRun(self, request: Any, context: Any) -> events_pb2.Run:
+        """Ends a run still going as `cancelled`; a run that ended stays as it is."""
         self._record("CancelRun", request, context)
-        run = self._run(request.run_id)
-        run.state = events_pb2.RUN_STATE_CANCELLED
-        return run
+        events = self._known(request.run_id)
+        if events[-1].state not in ENDED:
+            streamed = sum(len(e.streaming.token_ids) for e in events)
+            usage = events_pb2.Usage(prompt_tokens=len(PROMPT_TOKEN_IDS), output_tokens=streamed)
+            cancelled = events_pb2.RunEvent(
+                cancelled=events_pb2.Cancelled(reason="cancelled by client", usage=usage)
+            )
+            _stamp(cancelled, request.run_id, len(events) + 1)
+            events.append(cancelled)
+        return run_of(events)
 
+    @rpc_errors
     async def ListRuns(self, request: Any, context: Any) -> gateway_pb2.ListRunsResponse:
+        """Newest first, `page_size` at a time (0: 50); the token is an offset."""
         self._record("ListRuns", request, context)
-        ids = sorted(self.runs)
-        start = int(request.page_token or 0)
-        page = ids[start : start + request.page_size]
-        token = str(start + request.page_size) if start + request.page_size < len(ids) else ""
+        if request.page_size < 0:
+            raise _invalid("page_size", "must not be negative")
+        if request.page_token and not request.page_token.isdigit():
+            raise _invalid("page_token", "not a token this service issued")
+        ids = list(reversed(self.runs))
+        start, size = int(request.page_token or 0), request.page_size or 50
+        page = ids[start : start + size]
+        token = str(start + size) if start + size < len(ids) else ""
         return gateway_pb2.ListRunsResponse(
-            runs=[self._run(i) for i in page], next_page_token=token
+            runs=[run_of(self.runs[i]) for i in page], next_page_token=token
         )
-
-    def _run(self, run_id: str) -> events_pb2.Run:
-        last = self.runs.get(run_id, [events_pb2.RunEvent()])[-1]
-        return events_pb2.Run(
-            run_id=run_id,
-            tenant_id=TENANT,
-            model="tiny",
-            state=last.state,
-            last_seq=last.seq,
-            usage=events_pb2.Usage(prompt_tokens=3, output_tokens=len(self.pieces)),
-            finish_reason="length",
-            priority=events_pb2.PRIORITY_INTERACTIVE,
-        )
-
-
-async def _abort(context: Any, error: ApiError) -> None:
-    await context.abort_with_status(rpc_status.to_status(error.to_status()))
 
 
 async def _break(context: Any, plan: Break) -> None:
@@ -186,36 +266,65 @@ async def _break(context: Any, plan: Break) -> None:
 @dataclass
 class FakeAdmin(admin_pb2_grpc.AdminServiceServicer):
     tenants: dict[str, admin_pb2.Tenant] = field(default_factory=dict)
+    keys: dict[str, admin_pb2.ApiKey] = field(default_factory=dict)
     calls: list[tuple[str, Any, dict[str, str]]] = field(default_factory=list)
 
+    def _tenant(self, tenant_id: str) -> admin_pb2.Tenant:
+        if tenant_id not in self.tenants:
+            raise NotFound(f"tenant {tenant_id} does not exist")
+        return self.tenants[tenant_id]
+
+    @rpc_errors
     async def CreateTenant(self, request: Any, context: Any) -> admin_pb2.Tenant:
         self.calls.append(("CreateTenant", request, dict(context.invocation_metadata())))
+        name = request.name.strip()
+        if not name:
+            raise _invalid("name", "must not be empty")
+        if request.weight < 0:
+            raise _invalid("weight", "must be positive (0 means the default, 1)")
+        if any(t.name == name for t in self.tenants.values()):
+            raise FailedPrecondition(f"a tenant named {name!r} exists", "TENANT_EXISTS")
         tenant_id = f"t-{len(self.tenants) + 1}"
         tenant = admin_pb2.Tenant(
-            tenant_id=tenant_id, name=request.name, weight=request.weight,
+            tenant_id=tenant_id, name=name, weight=request.weight or 1,
             quota=admin_pb2.Quota(tenant_id=tenant_id),
         )  # fmt: skip
         self.tenants[tenant_id] = tenant
         return tenant
 
+    @rpc_errors
     async def GetTenant(self, request: Any, context: Any) -> admin_pb2.Tenant:
-        if request.tenant_id not in self.tenants:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no such tenant")
-        return self.tenants[request.tenant_id]
+        return self._tenant(request.tenant_id)
 
+    @rpc_errors
     async def ListTenants(self, request: Any, context: Any) -> admin_pb2.ListTenantsResponse:
         return admin_pb2.ListTenantsResponse(tenants=list(self.tenants.values()))
 
+    @rpc_errors
     async def CreateApiKey(self, request: Any, context: Any) -> admin_pb2.ApiKey:
-        return admin_pb2.ApiKey(key_id="k-1", tenant_id=request.tenant_id, secret="tg_secret_1")
+        """The secret is in this answer only."""
+        self._tenant(request.tenant_id)
+        n = len(self.keys) + 1
+        key = admin_pb2.ApiKey(key_id=f"k-{n}", tenant_id=request.tenant_id)
+        self.keys[key.key_id] = key
+        return admin_pb2.ApiKey(key_id=key.key_id, tenant_id=key.tenant_id, secret=f"tg_secret_{n}")
 
+    @rpc_errors
     async def RevokeApiKey(self, request: Any, context: Any) -> admin_pb2.ApiKey:
-        return admin_pb2.ApiKey(key_id=request.key_id, tenant_id="t-1", revoked=True)
+        if request.key_id not in self.keys:
+            raise NotFound(f"API key {request.key_id} does not exist")
+        self.keys[request.key_id].revoked = True
+        return self.keys[request.key_id]
 
+    @rpc_errors
     async def SetQuota(self, request: Any, context: Any) -> admin_pb2.Quota:
         self.calls.append(("SetQuota", request, dict(context.invocation_metadata())))
-        self.tenants[request.quota.tenant_id].quota.CopyFrom(request.quota)
-        return request.quota
+        quota = request.quota
+        for name in ("max_kv_blocks", "max_concurrent_runs"):
+            if getattr(quota, name) < 0:
+                raise _invalid(f"quota.{name}", "must not be negative")
+        self._tenant(quota.tenant_id).quota.CopyFrom(quota)
+        return quota
 
 
 @dataclass
@@ -241,9 +350,11 @@ class FakeLedger(ledger_pb2_grpc.LedgerServiceServicer):
     ) -> ledger_pb2.ListLedgerEntriesResponse:
         self.calls.append(("ListLedgerEntries", request, dict(context.invocation_metadata())))
         entry = events_pb2.LedgerEntry(
-            entry_id="e1", tenant_id=TENANT, run_id="r1", billing_type="output_tokens",
+            entry_id="e1", tenant_id=request.tenant_id or TENANT, run_id=request.run_id or "r1",
+            idempotency_key="r1:output_tokens", billing_type="output_tokens",
             quantity=5, unit_price_micros=2, amount_micros=10,
         )  # fmt: skip
+        entry.create_time.GetCurrentTime()
         return ledger_pb2.ListLedgerEntriesResponse(entries=[entry])
 
     async def GetReconciliation(self, request: Any, context: Any) -> ledger_pb2.Reconciliation:

@@ -6,7 +6,7 @@ from collections import deque
 import pytest
 
 from services.core.errors import FieldViolation, InvalidArgument, QuotaExceeded, Unavailable
-from tests.tollgate.fake_gateway import Break, FakeServer, start_fake
+from tests.tollgate.fake_gateway import Break, FakeServer, script, start_fake
 from tollgate.aio import AsyncAdminClient, AsyncClient
 from tollgate.errors import InvalidArgumentError, QuotaExceededError, RunFailedError
 from tollgate.types import RetryPolicy
@@ -98,7 +98,9 @@ async def test_generate_text_stream_run_and_unary_calls(fake: FakeServer) -> Non
         assert events[1].amount_micros == 1234 and events[1].currency == "USD"
         assert (await c.get_run(run_id)).last_seq == 9
         assert [r.run_id async for r in c.iter_runs(page_size=1)] == [run_id]
-        assert (await c.cancel_run(run_id)).state == "cancelled"
+        assert (await c.cancel_run(run_id)).state == "billed"  # it had ended
+        fake.gateway.runs["going"] = script("going", ["a"], end="running")
+        assert (await c.cancel_run("going")).state == "cancelled"
         fake.gateway.end = "failed"
         with pytest.raises(RunFailedError):
             await c.generate_text("again", model="tiny")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.core.errors import FieldViolation, InvalidArgument
-from tests.tollgate.fake_gateway import FakeServer
+from tests.tollgate.fake_gateway import FakeServer, script
 from tollgate.cli import main
 from tollgate.commands.connection import resolve
 from tollgate.commands.output import money
@@ -77,7 +77,7 @@ async def test_generate_json_prints_one_object_per_event_until_billed(
     assert code == 0
     events = [json.loads(line) for line in out.splitlines()]
     assert [e["seq"] for e in events] == list(range(1, 10))
-    assert events[0]["kind"] == "queued" and events[0]["model"] == "tiny"
+    assert events[0]["kind"] == "queued" and events[0]["model"] == "tiny-from-stack"
     assert events[2] == {**events[2], "kind": "streaming", "text": "Hel", "token_ids": [10]}
     assert "text" not in events[0]
     assert events[-1]["kind"] == "billed" and events[-1]["amount_micros"] == 1234
@@ -144,7 +144,10 @@ async def test_runs_commands(
     assert out.splitlines()[0].split() == ["RUN_ID", "STATE", "MODEL", "OUTPUT_TOKENS", "CREATED"]
     assert run_id in out
     code, out, _ = await tollgate(capsys, "runs", "cancel", run_id, *stack_args(stack))
-    assert out == f"run {run_id}: cancelled\n"
+    assert out == f"run {run_id}: billed\n"  # it had ended: cancelling leaves it as it is
+    fake.gateway.runs["going"] = script("going", ["a"], end="running")
+    code, out, _ = await tollgate(capsys, "runs", "cancel", "going", *stack_args(stack))
+    assert out == "run going: cancelled\n"
     code, _, err = await tollgate(capsys, "runs", "get", "nope", *stack_args(stack))
     assert code == 1 and err.startswith("error: NOT_FOUND: ")
 
