@@ -1,99 +1,16 @@
-"""An in-process admission server on real PostgreSQL and Kafka, without scheduler or worker.
-
-Tests play the worker and the ledger by appending events to the store directly.
-"""
-
-from __future__ import annotations
-
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 
-from services.admission.cancel import Canceller
-from services.admission.catalog import ModelCatalog
-from services.admission.gateway import Gateway, GatewayConfig
-from services.admission.requests import Limits
-from services.admission.servicer import AdminServicer, GatewayServicer
-from services.admission.stream import RunFeed
-from services.admission.tenants import TenantRepository
-from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
-from services.core.relay import OutboxRelay
-from services.core.server import create_server
-from tollgate.v1 import admin_pb2_grpc, gateway_pb2_grpc
-
-ADMIN_TOKEN = "test-admin-token"
-MODEL = "tiny"
-
-
-@dataclass
-class Admission:
-    address: str
-    channel: grpc.aio.Channel
-    gateway: gateway_pb2_grpc.GatewayServiceStub
-    admin: admin_pb2_grpc.AdminServiceStub
-    store: EventStore
-    db: Database
-    tenants: TenantRepository
-
-    async def new_tenant_key(self, name: str) -> tuple[str, str]:
-        tenant = await self.tenants.create(name, 1)
-        key = await self.tenants.create_key(tenant.tenant_id)
-        return tenant.tenant_id, key.secret
-
-
-def auth(key: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {key}"),)
+from tests.services.admission.running import Admission, running_admission
 
 
 @pytest.fixture
 async def admission(
     database_url: str, kafka_bootstrap: str, kafka_topic: str, tiny_model_dir: Path
 ) -> AsyncIterator[Admission]:
-    db = open_db(database_url)
-    store = EventStore(db)
-    feed = RunFeed(database_url)
-    gateway = Gateway(
-        db,
-        ModelCatalog.load({MODEL: str(tiny_model_dir)}),
-        feed,
-        Canceller(store, None),
-        GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), block_size=16),
-    )
-
-    def add(server: grpc.aio.Server) -> None:
-        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
-        admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(db, ADMIN_TOKEN), server)
-
-    server, port, _ = create_server("127.0.0.1:0", add)
-    await server.start()
-    tasks = [
-        asyncio.create_task(feed.run()),
-        asyncio.create_task(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic).run()),
-    ]
-    await asyncio.wait_for(feed.listening.wait(), 20)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield Admission(
-            f"127.0.0.1:{port}",
-            channel,
-            gateway_pb2_grpc.GatewayServiceStub(channel),
-            admin_pb2_grpc.AdminServiceStub(channel),
-            store,
-            db,
-            TenantRepository(db),
-        )
-    finally:
-        await channel.close()
-        await server.stop(0)
-        await gateway.aclose()
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.gather(*tasks, return_exceptions=True)
-        await db.dispose()
+    async with running_admission(
+        database_url, kafka_bootstrap, kafka_topic, tiny_model_dir
+    ) as running:
+        yield running

@@ -1,7 +1,7 @@
 import grpc
 import pytest
 
-from tests.services.admission.conftest import ADMIN_TOKEN, Admission, auth
+from tests.services.admission.running import ADMIN_TOKEN, Admission, auth
 from tollgate.v1 import admin_pb2, gateway_pb2
 
 

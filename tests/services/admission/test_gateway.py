@@ -22,7 +22,7 @@ from services.admission.stream import RunFeed
 from services.core.errors import QuotaExceeded, Unavailable
 from services.scheduler.intake import run_from_hint
 from services.scheduler.repository import SchedulerRepository
-from tests.services.admission.conftest import MODEL, Admission, auth
+from tests.services.admission.running import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
 from tollgate.v1 import events_pb2, gateway_pb2
 

@@ -1,0 +1,114 @@
+"""The real worker in-process: WorkerService over WorkerCore, its StepAppender, and the
+engine on a thread (`AsyncEngine`) instead of a child process, which is all
+`ProcessEngine` adds. Runs are queued and leased as the scheduler leaves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from services.core.eventstore import EventStore
+from services.core.runs import NewEvent, NewRun, RunState
+from services.core.server import create_server
+from services.worker.appender import StepAppender
+from services.worker.core import WorkerCore
+from services.worker.runs import AssignedRun
+from services.worker.servicer import WorkerServicer
+from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
+
+MODEL = "tiny"
+BLOCK_SIZE = 16
+PROMPT = (1, 2, 3)
+
+
+@dataclass
+class RunningWorker:
+    worker_id: str
+    address: str
+    stub: worker_pb2_grpc.WorkerServiceStub
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    store: EventStore, model_dir: Path, *, worker_id: str = "worker-1", num_kv_blocks: int = 64
+) -> AsyncIterator[RunningWorker]:
+    config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=num_kv_blocks)
+    runs: dict[str, AssignedRun] = {}
+    appender = StepAppender(store, runs, lambda run_id: engine.abort(run_id))
+    llm = await asyncio.to_thread(LLMEngine.from_model_dir, model_dir, config)
+    engine = AsyncEngine(llm, appender.on_step)
+    core = WorkerCore(worker_id, MODEL, engine, store, appender.start, runs)
+    server, port, _ = create_server(
+        "127.0.0.1:0",
+        lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), s),
+    )
+    await server.start()
+    task = asyncio.create_task(appender.run())
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield RunningWorker(
+            worker_id, f"127.0.0.1:{port}", worker_pb2_grpc.WorkerServiceStub(channel)
+        )
+    finally:
+        await channel.close()
+        await server.stop(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await engine.shutdown()
+
+
+async def leased_run(
+    store: EventStore, worker_id: str, max_tokens: int, tenant_id: str = "t1"
+) -> worker_pb2.AssignRunRequest:
+    """A run queued and leased to `worker_id` as the scheduler leases it: the AssignRun
+    the scheduler would send."""
+    run_id = await queued_run(store, max_tokens, tenant_id)
+    epoch = await store.acquire_lease(run_id, worker_id)
+    return assignment(run_id, max_tokens, tenant_id, lease_epoch=epoch)
+
+
+async def queued_run(store: EventStore, max_tokens: int, tenant_id: str = "t1") -> str:
+    """A run queued as admission queues it, greedy and blind to EOS; returns its id."""
+    run_id = str(uuid.uuid4())
+    sampling = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+    queued = {
+        "model": MODEL,
+        "priority": "PRIORITY_INTERACTIVE",
+        "sampling": sampling,
+        "prompt_token_ids": list(PROMPT),
+        "idempotency_key": f"run:{run_id}",
+        "kv_blocks_reserved": -(-(len(PROMPT) + max_tokens) // BLOCK_SIZE),
+    }
+    await store.append(
+        run_id,
+        0,
+        [NewEvent(RunState.QUEUED, queued)],
+        new_run=NewRun(tenant_id, MODEL, "interactive", f"run:{run_id}"),
+    )
+    return run_id
+
+
+def assignment(
+    run_id: str, max_tokens: int, tenant_id: str = "t1", lease_epoch: int = 1
+) -> worker_pb2.AssignRunRequest:
+    return worker_pb2.AssignRunRequest(
+        run_id=run_id,
+        tenant_id=tenant_id,
+        model=MODEL,
+        prompt_token_ids=PROMPT,
+        sampling=events_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        priority=events_pb2.PRIORITY_INTERACTIVE,
+        lease_epoch=lease_epoch,
+        last_seq=1,
+    )
