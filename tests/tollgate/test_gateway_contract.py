@@ -86,7 +86,7 @@ class GatewayContractTests:
         assert kinds[:2] == ["queued", "prefill"] and kinds[-2:] == ["completed", "billed"]
         assert set(kinds[2:-2]) == {"streaming"}
         assert len({e.run_id for e in events}) == len({e.tenant_id for e in events}) == 1
-        assert all(e.tenant_id and e.state == STATES[k] for e, k in zip(events, kinds))
+        assert all(e.tenant_id and e.state == STATES[k] for e, k in zip(events, kinds, strict=True))
         assert all(e.HasField("time") for e in events)
         queued, completed, billed = events[0].queued, events[-2].completed, events[-1].billed
         assert queued.model == "tiny" and queued.prompt_token_ids
