@@ -17,7 +17,8 @@ from services.core.runs import RunState, StoredEvent
 from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.admission.worker_double import finish_run
-from tests.services.worker.running import PROMPT, leased_run, queued_run, running_worker
+from tests.services.scheduler.helpers import queue_run
+from tests.services.worker.running import PROMPT, leased_run, running_worker
 
 NUM_TOKENS = 3
 PRICES = PriceTable({"*": {"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 2}})
@@ -43,7 +44,7 @@ async def real_run(store: EventStore, model_dir: Path) -> list[StoredEvent]:
 
 
 async def double_run(store: EventStore) -> list[StoredEvent]:
-    run_id = await queued_run(store, NUM_TOKENS)
+    run_id = await queue_run(store, max_tokens=NUM_TOKENS, prompt=PROMPT)
     await finish_run(store, run_id, [5, 6, 7], ["a", "b", "c"])
     return await store.read(run_id)
 

@@ -1,13 +1,12 @@
-"""The real worker in-process: WorkerService over WorkerCore, its StepAppender, and the
-engine on a thread (`AsyncEngine`) instead of a child process, which is all
-`ProcessEngine` adds. Runs are queued and leased as the scheduler leaves them.
+"""The real worker in-process: WorkerService over WorkerCore and its StepAppender, with
+the engine on a thread (`AsyncEngine`) rather than in the child process `ProcessEngine`
+runs it in. Runs are queued as admission queues them and leased as the scheduler does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,12 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from services.core.eventstore import EventStore
-from services.core.runs import NewEvent, NewRun, RunState
 from services.core.server import create_server
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.runs import AssignedRun
 from services.worker.servicer import WorkerServicer
+from tests.services.scheduler.helpers import queue_run
 from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 
 MODEL = "tiny"
@@ -73,30 +72,9 @@ async def leased_run(
 ) -> worker_pb2.AssignRunRequest:
     """A run queued and leased to `worker_id` as the scheduler leases it: the AssignRun
     the scheduler would send."""
-    run_id = await queued_run(store, max_tokens, tenant_id)
+    run_id = await queue_run(store, tenant_id, max_tokens=max_tokens, prompt=PROMPT)
     epoch = await store.acquire_lease(run_id, worker_id)
     return assignment(run_id, max_tokens, tenant_id, lease_epoch=epoch)
-
-
-async def queued_run(store: EventStore, max_tokens: int, tenant_id: str = "t1") -> str:
-    """A run queued as admission queues it, greedy and blind to EOS; returns its id."""
-    run_id = str(uuid.uuid4())
-    sampling = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
-    queued = {
-        "model": MODEL,
-        "priority": "PRIORITY_INTERACTIVE",
-        "sampling": sampling,
-        "prompt_token_ids": list(PROMPT),
-        "idempotency_key": f"run:{run_id}",
-        "kv_blocks_reserved": -(-(len(PROMPT) + max_tokens) // BLOCK_SIZE),
-    }
-    await store.append(
-        run_id,
-        0,
-        [NewEvent(RunState.QUEUED, queued)],
-        new_run=NewRun(tenant_id, MODEL, "interactive", f"run:{run_id}"),
-    )
-    return run_id
 
 
 def assignment(
