@@ -1,6 +1,6 @@
-"""The real worker in-process: WorkerService over WorkerCore and its StepAppender, with
-the engine on a thread (`AsyncEngine`) rather than in the child process `ProcessEngine`
-runs it in. Runs are queued as admission queues them and leased as the scheduler does.
+"""The real worker in this process: WorkerService over WorkerCore and its StepAppender,
+the engine in its child process (`ProcessEngine`) as the worker runs it. Runs are queued
+as admission queues them and leased as the scheduler does.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.process_engine import ProcessEngine
 from services.core.eventstore import EventStore
 from services.core.server import create_server
 from services.worker.appender import StepAppender
@@ -44,8 +43,7 @@ async def running_worker(
     config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=num_kv_blocks)
     runs: dict[str, AssignedRun] = {}
     appender = StepAppender(store, runs, lambda run_id: engine.abort(run_id))
-    llm = await asyncio.to_thread(LLMEngine.from_model_dir, model_dir, config)
-    engine = AsyncEngine(llm, appender.on_step)
+    engine = await ProcessEngine.start(model_dir, config, appender.on_step)
     core = WorkerCore(worker_id, MODEL, engine, store, appender.start, runs)
     server, port, _ = create_server(
         "127.0.0.1:0",
