@@ -31,10 +31,10 @@ from bench.report import logs_to_stderr, percentile, progress
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
+from services.core.kafka import create_topic
 from services.core.relay import OutboxRelay
-from services.core.runs import NewEvent, NewRun, RunState
-from services.stack.infra import LocalInfra, create_topic
-from tollgate.v1 import events_pb2
+from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
+from services.stack.infra import LocalInfra
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ async def run_phase(
     committed: dict[tuple[str, int], float] = {}
     applied: dict[tuple[str, int], float] = {}
 
-    async def handler(_: AsyncConnection, event: events_pb2.RunEvent) -> None:
+    async def handler(_: AsyncConnection, event: StoredEvent) -> None:
         applied[(event.run_id, event.seq)] = time.perf_counter()
 
     relay = OutboxRelay(db, bootstrap, topic=topic)

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from services.core import migrate
+from services.core.kafka import ensure_topics
 from services.stack.infra import (
     Endpoints,
     LocalInfra,
     create_database,
     create_database_from_template,
     drop_database,
-    ensure_topics,
 )
 
 TEMPLATE_DATABASE = "tollgate_template"

@@ -15,7 +15,7 @@ from services.core.runs import (
     RunState,
     RunView,
     StoredEvent,
-    is_terminal,
+    is_ended,
 )
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -42,7 +42,7 @@ class Canceller:
         while True:
             current = await self.store.get_run(run.run_id)
             assert current is not None
-            if _has_ended(current):
+            if is_ended(current.state):
                 return current
             try:
                 await self.store.append(
@@ -74,7 +74,7 @@ class Canceller:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             run = await self.store.get_run(run_id)
-            if run is not None and _has_ended(run):
+            if run is not None and is_ended(run.state):
                 return run
             await asyncio.sleep(0.05)
         return None
@@ -82,10 +82,6 @@ class Canceller:
     async def _usage(self, run: RunView) -> dict[str, int]:
         events = await self.store.read(run.run_id)
         return delivered_usage(events)
-
-
-def _has_ended(run: RunView) -> bool:
-    return is_terminal(run.state) or run.state == RunState.BILLED
 
 
 def delivered_usage(events: list[StoredEvent]) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Admission's core: submit a run (or find the one its idempotency key names),
+"""Admission's core: start a run (or find the one its idempotency key names),
 follow its events, and cancel it when its client is gone for good."""
 
 from __future__ import annotations
@@ -26,15 +26,13 @@ from services.admission.stream import RunFeed, stream_events
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused, Unavailable
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
-from services.core.runs import TERMINAL_STATES, RunState, RunView, StoredEvent
+from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
 from services.core.telemetry import current_traceparent, get_tracer
-from tollgate.v1 import events_pb2
 
 log = structlog.get_logger(__name__)
 
 ADMITTED = MetricCounter("tollgate_admission_runs_admitted", "Runs admitted", ["model", "priority"])
 UNTIL_BILLED = frozenset({RunState.BILLED})
-UNTIL_TERMINAL = frozenset({*TERMINAL_STATES, RunState.BILLED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +75,9 @@ class Gateway:
         self._grace: dict[str, float] = {}
         self._pending_cancels: set[asyncio.Task[None]] = set()
 
-    async def submit(self, tenant_id: str, params: GenerateParams) -> str:
-        """Admits a new run, or returns the run this idempotency key already names."""
-        return (await self.start(tenant_id, params)).run_id
-
     async def start(self, tenant_id: str, params: GenerateParams) -> Started:
-        """`submit`, with the `queued` event when this call stored it (to `follow`)."""
+        """Admits a new run, or finds the run this idempotency key already names; with the
+        `queued` event when this call stored it (to `follow`)."""
         validate(params, self.catalog.names(), self.config.limits)
         # A key seen before is found when admitting conflicts on it: new keys, the common
         # case, cost no extra query.
@@ -151,17 +146,17 @@ class Gateway:
         after_seq: int,
         until_terminal: bool,
         known: Sequence[StoredEvent] = (),
-    ) -> AsyncIterator[events_pb2.RunEvent]:
+    ) -> AsyncIterator[StoredEvent]:
         """The run's events after `after_seq`, starting with `known` (the events right
         after it that the caller holds); a client leaving early may cancel the run."""
-        stop_kinds = UNTIL_TERMINAL if until_terminal else UNTIL_BILLED
+        stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
         self._attached[run_id] += 1
         ended = False
         try:
             async for event in stream_events(
                 self.store, self.feed, run_id, after_seq, stop_kinds, known=known
             ):
-                ended = ended or event.state in _ENDED_STATES
+                ended = ended or is_ended(event.kind)
                 yield event
         finally:
             self._attached[run_id] -= 1
@@ -184,19 +179,9 @@ class Gateway:
         self._attached.pop(run_id, None)
         self._grace.pop(run_id, None)
         run = await self.store.get_run(run_id)
-        if run is not None and run.state not in TERMINAL_STATES | {RunState.BILLED}:
+        if run is not None and not is_ended(run.state):
             log.info("client gone, cancelling run", run_id=run_id, grace_seconds=grace)
             await self.canceller.cancel(run, "client disconnected")
-
-
-_ENDED_STATES = frozenset(
-    {
-        events_pb2.RUN_STATE_COMPLETED,
-        events_pb2.RUN_STATE_FAILED,
-        events_pb2.RUN_STATE_CANCELLED,
-        events_pb2.RUN_STATE_BILLED,
-    }
-)
 
 
 class QueueDepth:

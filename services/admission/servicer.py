@@ -16,6 +16,7 @@ from services.admission.gateway import Gateway
 from services.admission.runs_query import get_tenant_run, list_runs
 from services.admission.tenants import TenantRepository
 from services.core.auth import authenticate, bearer_token, is_admin_token
+from services.core.codec import to_proto
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
 from services.core.telemetry import bound_log_context, get_tracer
@@ -54,7 +55,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             async for event in self.gateway.follow(
                 started.run_id, 0, params.until_terminal, known=started.stored
             ):
-                yield event
+                yield to_proto(event)
 
     @rpc_errors
     async def StreamRun(
@@ -66,7 +67,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             async for event in self.gateway.follow(
                 run.run_id, request.starting_after, request.until_terminal
             ):
-                yield event
+                yield to_proto(event)
 
     @rpc_errors
     async def CancelRun(

@@ -20,11 +20,9 @@ import psycopg
 import structlog
 from psycopg.conninfo import make_conninfo
 
-from services.core.codec import to_proto
 from services.core.db import EVENTS_CHANNEL, libpq_url
 from services.core.eventstore import EventStore, parse_notice
 from services.core.runs import RunState, StoredEvent
-from tollgate.v1 import events_pb2
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +105,7 @@ async def stream_events(
     known: Sequence[StoredEvent] = (),
     poll_interval: float = 0.5,
     max_poll_interval: float = 2.0,
-) -> AsyncIterator[events_pb2.RunEvent]:
+) -> AsyncIterator[StoredEvent]:
     """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`.
 
     Subscribed before the first read, so nothing committed in between is missed.
@@ -126,7 +124,7 @@ async def stream_events(
             caught_up = list(known) or await store.read(run_id, after_seq=last)
             known = ()
             for stored in caught_up:
-                yield to_proto(stored)
+                yield stored
                 last = stored.seq
                 if stored.kind in stop_kinds:
                     return
@@ -135,7 +133,7 @@ async def stream_events(
             wait = poll_interval if last != seen else min(2 * wait, max_poll_interval)
             seen = last
             async for stored in _live(notices, last, wait):
-                yield to_proto(stored)
+                yield stored
                 last = stored.seq
                 if stored.kind in stop_kinds:
                     return

@@ -7,7 +7,7 @@ meet the generated protobuf types.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC
 from typing import Any
 
 from google.protobuf import json_format
@@ -16,9 +16,6 @@ from google.protobuf.message import Message
 
 from services.core.runs import RunState, StoredEvent
 from tollgate.v1 import events_pb2
-
-CONTENT_TYPE = "application/protobuf"
-CE_SOURCE = "//tollgate/event-store"
 
 PROTO_STATES: Mapping[RunState, int] = {
     RunState.QUEUED: events_pb2.RUN_STATE_QUEUED,
@@ -86,39 +83,49 @@ def _fill_plain_fields(body: Message, payload: Mapping[str, Any]) -> dict[str, A
     return rest
 
 
+def from_proto(message: events_pb2.RunEvent, traceparent: str = "") -> StoredEvent:
+    """The stored event that `to_proto` made `message` from, but for fields at their default,
+    which the message does not carry; `traceparent` travels beside it (a Kafka header)."""
+    return StoredEvent(
+        run_id=message.run_id,
+        seq=message.seq,
+        kind=kind_of(message),
+        tenant_id=message.tenant_id,
+        payload=payload_of(message),
+        created_at=message.time.ToDatetime(UTC),
+        traceparent=traceparent,
+    )
+
+
 def payload_of(message: events_pb2.RunEvent) -> dict[str, Any]:
-    """The payload dict of a protobuf event: the inverse of `to_proto`'s body."""
+    """The payload dict of a protobuf event: the inverse of `to_proto`'s body.
+
+    Values are as the services store them: integers as `int` (the JSON mapping gives the
+    64-bit ones as strings), enums by name, messages as dicts. Read field by field, as
+    `_fill_plain_fields` writes them: the JSON mapping would be most of a consumer's time.
+    """
     kind = message.WhichOneof("kind")
     if kind is None:
         return {}
-    return json_format.MessageToDict(
-        getattr(message, kind), preserving_proto_field_name=True, use_integers_for_enums=False
-    )
+    return _payload_dict(getattr(message, kind))
+
+
+def _payload_dict(message: Message) -> dict[str, Any]:
+    return {field.name: _payload_value(field, value) for field, value in message.ListFields()}
+
+
+def _payload_value(field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if field.message_type.file.package == "google.protobuf":  # Timestamp, Duration
+            convert: Any = json_format.MessageToDict
+        else:
+            convert = _payload_dict
+        return [convert(v) for v in value] if field.is_repeated else convert(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        names = field.enum_type.values_by_number
+        return [names[v].name for v in value] if field.is_repeated else names[value].name
+    return list(value) if field.is_repeated else value
 
 
 def kind_of(message: events_pb2.RunEvent) -> RunState:
     return STATES_BY_PROTO[message.state]
-
-
-def ce_type(kind: RunState) -> str:
-    return f"tollgate.run.{kind}.v1"
-
-
-def cloudevent_headers(event: StoredEvent) -> list[tuple[str, bytes]]:
-    """CloudEvents Kafka binding, binary mode: attributes as `ce_*` headers."""
-    headers = [
-        ("ce_specversion", b"1.0"),
-        ("ce_id", f"{event.run_id}/{event.seq}".encode()),
-        ("ce_source", CE_SOURCE.encode()),
-        ("ce_type", ce_type(event.kind).encode()),
-        ("ce_time", _rfc3339(event.created_at).encode()),
-        ("ce_subject", event.run_id.encode()),
-        ("content-type", CONTENT_TYPE.encode()),
-    ]
-    if event.traceparent:
-        headers.append(("ce_traceparent", event.traceparent.encode()))
-    return headers
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")

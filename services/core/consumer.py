@@ -20,18 +20,16 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.core.codec import kind_of
+from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import Database, driver_cursor
-from services.core.relay import RUN_EVENTS_TOPIC
-from services.core.runs import RunState
-from tollgate.v1 import events_pb2
+from services.core.kafka import EventConsumer
+from services.core.runs import RunState, StoredEvent
 
 log = structlog.get_logger(__name__)
 
-Handler = Callable[[AsyncConnection, events_pb2.RunEvent], Awaitable[None]]
+Handler = Callable[[AsyncConnection, StoredEvent], Awaitable[None]]
 
 # One statement per batch, whatever its size; a row that exists already is not
 # returned, and neither is a repeat of a key within the batch.
@@ -62,67 +60,45 @@ class TrackingConsumer:
         commit_interval: float = 1.0,
     ) -> None:
         self.db = db
-        self.bootstrap = bootstrap
         self.group_id = group_id
         self.handler = handler
-        self.kinds = frozenset(kinds) if kinds is not None else None
         self.topic = topic
         self.name = name or group_id
-        self.session_timeout_ms = session_timeout_ms
-        # How long the broker may hold a fetch open waiting for data: the latency floor.
-        self.fetch_max_wait_ms = fetch_max_wait_ms
         # The longest a batch that applied nothing waits for its offsets' commit.
         self.commit_interval = commit_interval
+        self.events = EventConsumer(
+            bootstrap,
+            topic,
+            group_id=group_id,
+            kinds=kinds,
+            session_timeout_ms=session_timeout_ms,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+        )
         self.started = asyncio.Event()
 
     async def run(self) -> None:
         """Consumes until cancelled."""
-        consumer = AIOKafkaConsumer(
-            self.topic,
-            bootstrap_servers=self.bootstrap,
-            group_id=self.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
-        )
-        await consumer.start()
-        self.started.set()
-        pending: dict[TopicPartition, int] = {}  # read, not committed yet
-        last_commit = time.monotonic()
-        try:
-            while True:
-                batches = await consumer.getmany(timeout_ms=500, max_records=500)
-                applied = 0
-                if batches:
-                    # Every partition read in one transaction and one commit; a run's events
-                    # share a partition, so each run's order holds. A crash before the commit
-                    # only brings applied events back, and the tracking rows skip them.
-                    records = [record for batch in batches.values() for record in batch]
-                    applied = await self.apply(records)
-                    pending.update({tp: batch[-1].offset + 1 for tp, batch in batches.items()})
-                if pending and (applied or time.monotonic() - last_commit >= self.commit_interval):
-                    # Partitions handed to another member since are theirs to commit.
-                    assigned = consumer.assignment()
-                    offsets = {tp: offset for tp, offset in pending.items() if tp in assigned}
-                    if offsets:
-                        await self.commit_offsets(consumer, offsets)
-                    pending.clear()
+        async with self.events as consumer:
+            self.started.set()
+            last_commit = time.monotonic()
+            # Every partition read in one transaction and one commit; a run's events share
+            # a partition, so each run's order holds. A crash before the commit only brings
+            # applied events back, and the tracking rows skip them.
+            async for events in consumer.batches():
+                applied = await self.apply(events)
+                if consumer.has_uncommitted and (
+                    applied or time.monotonic() - last_commit >= self.commit_interval
+                ):
+                    await self.commit_offsets(consumer)
                     last_commit = time.monotonic()
-        finally:
-            await consumer.stop()
 
-    async def apply(self, records: Sequence[ConsumerRecord]) -> int:
+    async def apply(self, events: Sequence[StoredEvent]) -> int:
         """Applies a batch in one transaction; returns how many events were new."""
-        events = [events_pb2.RunEvent.FromString(record.value) for record in records]
-        if self.kinds is not None:
-            events = [event for event in events if kind_of(event) in self.kinds]
         if not events:
             return 0
         # Handlers lock runs: in run id order, as appends to several runs do, so the two
         # cannot deadlock. The sort is stable, so each run's events keep their order.
-        events.sort(key=lambda event: event.run_id)
+        events = sorted(events, key=lambda event: event.run_id)
         applied = 0
         async with self.db.begin() as conn:
             new = await self._track(conn, events)
@@ -137,7 +113,7 @@ class TrackingConsumer:
         return applied
 
     async def _track(
-        self, conn: AsyncConnection, events: Sequence[events_pb2.RunEvent]
+        self, conn: AsyncConnection, events: Sequence[StoredEvent]
     ) -> set[tuple[str, int]]:
         """Writes the batch's tracking rows; returns the (run_id, seq) not applied before."""
         async with driver_cursor(conn) as cursor:
@@ -151,7 +127,5 @@ class TrackingConsumer:
             )
             return {(row["run_id"], row["seq"]) for row in await cursor.fetchall()}
 
-    async def commit_offsets(
-        self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]
-    ) -> None:
-        await consumer.commit(offsets)
+    async def commit_offsets(self, consumer: EventConsumer) -> None:
+        await consumer.commit()

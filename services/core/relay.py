@@ -16,18 +16,16 @@ delete publishes the batch again, and consumers dedupe by (run_id, seq).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 import psycopg
 import structlog
-from aiokafka import AIOKafkaProducer
 from psycopg.rows import dict_row
 
-from services.core.codec import cloudevent_headers, to_proto
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import event_from_row
+from services.core.kafka import Publisher
 from services.core.runs import StoredEvent
 from services.core.telemetry import get_meter
 
@@ -84,18 +82,15 @@ class OutboxRelay:
 
     async def _lead(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=0)
-        await producer.start()
-        log.info("relay leading", topic=self.topic)
-        self.is_leader.set()
-        try:
-            while True:
-                if await self.publish_once(conn, producer) < self.batch_size:
-                    await self._wait_for_notify(conn)
-        finally:
-            self.is_leader.clear()
-            with contextlib.suppress(Exception):
-                await producer.stop()
+        async with Publisher(self.bootstrap, self.topic) as publisher:
+            log.info("relay leading", topic=self.topic)
+            self.is_leader.set()
+            try:
+                while True:
+                    if await self.publish_once(conn, publisher) < self.batch_size:
+                        await self._wait_for_notify(conn)
+            finally:
+                self.is_leader.clear()
 
     async def _wait_for_notify(self, conn: psycopg.AsyncConnection) -> None:
         # Wakes on the first commit that appended events, or after
@@ -106,7 +101,7 @@ class OutboxRelay:
         async for _ in conn.notifies(timeout=0, stop_after=10_000):
             pass
 
-    async def publish_once(self, conn: psycopg.AsyncConnection, producer: AIOKafkaProducer) -> int:
+    async def publish_once(self, conn: psycopg.AsyncConnection, publisher: Publisher) -> int:
         """Publishes one batch of unpublished events; returns how many.
 
         The queries run on the relay's own connection, the one that holds the lock
@@ -115,16 +110,8 @@ class OutboxRelay:
         ids, events = await self._fetch_batch(conn)
         if not events:
             return 0
-        futures = [
-            await producer.send(
-                self.topic,
-                value=to_proto(event).SerializeToString(),
-                key=event.run_id.encode(),
-                headers=cloudevent_headers(event),
-            )
-            for event in events
-        ]
-        await asyncio.gather(*futures)
+        # Deleted only once the broker has them all: a crash in between publishes them again.
+        await publisher.publish(events)
         await self.mark_published(conn, ids)
         _published.add(len(events))
         return len(events)

@@ -28,6 +28,8 @@ class RunState(StrEnum):
 EventKind = RunState
 
 TERMINAL_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED})
+# A run has ended once terminal: nothing runs any more, and billing, which follows, adds no work.
+ENDED_STATES = TERMINAL_STATES | {RunState.BILLED}
 
 # None is the state of a run that has no events yet.  prefill -> queued is the
 # re-queue of a run whose worker was lost before it emitted anything.
@@ -61,6 +63,10 @@ def may_transition(state: RunState | None, kind: RunState) -> bool:
 
 def is_terminal(state: RunState | None) -> bool:
     return state in TERMINAL_STATES
+
+
+def is_ended(state: RunState | None) -> bool:
+    return state in ENDED_STATES
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,18 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import structlog
-from aiokafka import ConsumerRecord
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database
-from services.core.runs import TERMINAL_STATES
+from services.core.runs import TERMINAL_STATES, StoredEvent
 from services.core.telemetry import bound_log_context, get_tracer
 from services.ledger.billing import Bill, bill_run
 from services.ledger.metrics import record_bill
 from services.ledger.pricing import PriceTable
-from tollgate.v1 import events_pb2
 
 LEDGER_GROUP = "tollgate-ledger"
 
@@ -53,17 +51,17 @@ class LedgerConsumer(TrackingConsumer):
         self.prices = prices
         self._pending: list[Bill] = []
 
-    async def bill(self, conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+    async def bill(self, conn: AsyncConnection, event: StoredEvent) -> None:
         with bound_log_context(run_id=event.run_id, tenant_id=event.tenant_id, seq=event.seq):
             with get_tracer().start_as_current_span("ledger.bill_run"):
                 bill = await bill_run(conn, event.run_id, self.prices)
         if bill is not None:
             self._pending.append(bill)
 
-    async def apply(self, records: Sequence[ConsumerRecord]) -> int:
+    async def apply(self, events: Sequence[StoredEvent]) -> int:
         # Metrics count what committed: a batch whose transaction fails is retried.
         self._pending = []
-        applied = await super().apply(records)
+        applied = await super().apply(events)
         for bill in self._pending:
             record_bill(bill, "consumer")
             log.info(

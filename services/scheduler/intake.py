@@ -16,20 +16,18 @@ from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from services.core.codec import kind_of
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
-from services.core.runs import TERMINAL_STATES, RunState
+from services.core.kafka import EventConsumer
+from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
 from services.scheduler.records import QueuedRun, queued_run
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
-from tollgate.v1 import events_pb2, scheduler_pb2
+from tollgate.v1 import scheduler_pb2
 
 log = structlog.get_logger(__name__)
 
 GROUP_ID = "tollgate-scheduler"
-ENDED_KINDS = TERMINAL_STATES | {RunState.BILLED}
 
 
 class Intake:
@@ -119,49 +117,32 @@ class EventTrigger:
                 await asyncio.sleep(self.retry_interval)
 
     async def _consume(self) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+        consumer = EventConsumer(
+            self.bootstrap,
+            self.topic,
             group_id=self.group_id,
+            kinds={RunState.QUEUED, *ENDED_STATES},
             # The projection scan covers anything older than this consumer.
             auto_offset_reset="latest",
-            enable_auto_commit=True,
+            auto_commit=True,
             session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
             # Admission's hint brings new runs at once; this trigger is for the runs whose
             # hint was lost. Brokers that answer an empty fetch only when this wait is
             # over (the embedded one) are asked 10 times a second, not 50: each empty
             # round costs the scheduler about a millisecond of CPU.
             fetch_max_wait_ms=100,
+            assigned=self.ready,
         )
-        consumer.subscribe([self.topic], listener=_Readiness(self.ready))
-        try:
-            await consumer.start()
-            while True:
-                batches = await consumer.getmany(timeout_ms=500, max_records=500)
-                await self._apply([r.value for records in batches.values() for r in records])
-        finally:
-            self.ready.clear()
-            await consumer.stop()
+        async with consumer:
+            async for events in consumer.batches():
+                await self._apply(events)
 
-    async def _apply(self, values: list[bytes]) -> None:
+    async def _apply(self, events: list[StoredEvent]) -> None:
         queued: list[str] = []
-        for value in values:
-            event = events_pb2.RunEvent.FromString(value)
-            kind = kind_of(event)
-            if kind == RunState.QUEUED:
+        for event in events:
+            if event.kind == RunState.QUEUED:
                 queued.append(event.run_id)
-            elif kind in ENDED_KINDS:
+            elif is_ended(event.kind):
                 self.on_ended(event.run_id)
         if queued:
             await self.on_queued(queued)
-
-
-class _Readiness(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, ready: asyncio.Event) -> None:
-        self.ready = ready
-
-    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
-        self.ready.clear()
-
-    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
-        self.ready.set()

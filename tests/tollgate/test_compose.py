@@ -138,8 +138,8 @@ def test_the_admin_token_is_required_and_never_committed(services: dict[str, Any
 
 
 def test_the_one_shot_commands_name_real_functions(services: dict[str, Any]) -> None:
+    from services.core.kafka import ensure_topics
     from services.core.migrate import upgrade
-    from services.stack.infra import ensure_topics
 
     assert callable(upgrade) and callable(ensure_topics)
     for name in ("migrate", "topics"):

@@ -20,6 +20,7 @@ from services.admission.hints import hinted_run
 from services.admission.requests import GenerateParams, Limits, Sampling
 from services.admission.stream import RunFeed
 from services.core.errors import QuotaExceeded, Unavailable
+from services.core.runs import RunState
 from services.scheduler.intake import run_from_hint
 from services.scheduler.repository import SchedulerRepository
 from tests.services.admission.running import MODEL, Admission, auth
@@ -349,8 +350,11 @@ async def test_the_scheduler_hears_of_each_new_run_once(
     tenant = await admission.tenants.create("hinted", 3)
     hinted: list[Admitted] = []
     gateway = direct_gateway(admission, tiny_model_dir, on_queued=hinted.append)
-    run_id = await gateway.submit(tenant.tenant_id, params("once"))
-    assert await gateway.submit(tenant.tenant_id, params("once")) == run_id
+    started = await gateway.start(tenant.tenant_id, params("once"))
+    again = await gateway.start(tenant.tenant_id, params("once"))
+    run_id = started.run_id
+    assert again.run_id == run_id and again.stored == ()
+    assert [event.kind for event in started.stored] == [RunState.QUEUED]
     [admitted] = hinted
     # The scheduler queues the hinted run as it would read it from the store; only the
     # creation time is its `queued` event's, a statement later than the projection row's.
@@ -368,11 +372,11 @@ async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(
     tenant_id, _ = await admission.new_tenant_key("queued-up")
     depth = QueueDepth()
     gateway = direct_gateway(admission, tiny_model_dir, queue_depth=depth)
-    run_id = await gateway.submit(tenant_id, params("first"))
+    run_id = (await gateway.start(tenant_id, params("first"))).run_id
     depth.value = 4
     with pytest.raises(Unavailable):
-        await gateway.submit(tenant_id, params("second"))
-    assert await gateway.submit(tenant_id, params("first")) == run_id
+        await gateway.start(tenant_id, params("second"))
+    assert (await gateway.start(tenant_id, params("first"))).run_id == run_id
     assert await count_runs(admission) == 1
 
 

@@ -14,7 +14,6 @@ from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.admission.worker_double import finish_run
 from tests.services.core.events import start_run, streaming
-from tollgate.v1 import events_pb2
 
 UNTIL_BILLED = frozenset({RunState.BILLED})
 # Longer than any test waits: only a wake-up can deliver in time.
@@ -84,7 +83,7 @@ async def test_events_the_caller_holds_go_first_and_the_rest_come_from_notices(
         events = await asyncio.wait_for(reader, 10)
     assert [event.seq for event in events] == [1, 2, 3, 4, 5, 6]
     # The first event is the caller's copy: the store was not read for it.
-    assert events[0].queued.model == "as held"
+    assert events[0].payload["model"] == "as held"
 
 
 async def test_a_notice_missed_before_subscribing_is_read_from_the_store(
@@ -108,7 +107,7 @@ async def test_a_notice_missed_before_subscribing_is_read_from_the_store(
 
 async def follow_holding(
     store: EventStore, feed: RunFeed, run_id: str, queued: StoredEvent
-) -> list[events_pb2.RunEvent]:
+) -> list[StoredEvent]:
     """The run's stream for a caller that holds its `queued` event; notices only."""
     events = stream_events(
         store, feed, run_id, 0, UNTIL_BILLED, known=[queued], poll_interval=NO_POLLING

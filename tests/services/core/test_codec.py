@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 from google.protobuf import json_format
 
-from services.core.codec import to_proto
+from services.core.codec import from_proto, to_proto
 from services.core.runs import RunState, StoredEvent
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
@@ -65,3 +65,43 @@ def test_an_out_of_range_integer_is_refused() -> None:
 
 def test_an_empty_payload_still_names_the_kind() -> None:
     assert to_proto(event(RunState.PREFILL, {})).WhichOneof("kind") == "prefill"
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload"),
+    [
+        (
+            RunState.QUEUED,
+            {
+                "model": "tiny",
+                "priority": "PRIORITY_BATCH",
+                "sampling": {"temperature": 0.5, "max_tokens": 8, "stop": ["\n"], "seed": 7},
+                "prompt_token_ids": list(range(300)),
+                "kv_blocks_reserved": 20,
+            },
+        ),
+        (RunState.STREAMING, {"token_ids": [5, 2**31 - 1], "text": "a\u0000é"}),
+        (RunState.PREFILL, {}),
+        (RunState.FAILED, {"code": "X", "message": "m", "usage": {}}),
+        (
+            RunState.BILLED,
+            {
+                "amount_micros": 12,
+                "currency": "USD",
+                "entries": [{"entry_id": "e", "create_time": "2026-01-02T03:04:05Z"}],
+            },
+        ),
+    ],
+)
+def test_from_proto_gives_back_the_stored_event(kind: RunState, payload: dict[str, object]) -> None:
+    stored = StoredEvent("run_1", 3, kind, "ten_1", payload, NOW, "00-abc-def-01")
+    assert from_proto(to_proto(stored), "00-abc-def-01") == stored
+
+
+def test_from_proto_leaves_out_what_the_message_cannot_carry() -> None:
+    stored = event(RunState.COMPLETED, {"finish_reason": "", "usage": {"output_tokens": 0}})
+    assert from_proto(to_proto(stored)).payload == {"usage": {}}
+    # 64-bit integers stored as strings (the JSON mapping's form) come back as integers.
+    assert from_proto(to_proto(event(RunState.BILLED, {"amount_micros": "12"}))).payload == {
+        "amount_micros": 12
+    }

@@ -2,6 +2,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -10,16 +11,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database
 from services.core.eventstore import EventStore
+from services.core.kafka import EventConsumer
 from services.core.relay import OutboxRelay
-from services.core.runs import NewEvent, RunState
+from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.core.events import start_run
 from tests.services.core.kafka_tools import CountsRecords, read_topic, wait_for
-from tollgate.v1 import events_pb2
 
 GROUP = "test-effects"
 
 
-async def record_effect(conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+async def record_effect(conn: AsyncConnection, event: StoredEvent) -> None:
     """The consumer's effect: counts how often each (run_id, seq) was applied."""
     await conn.execute(
         sa.text(
@@ -103,7 +104,7 @@ async def publish(
 class CrashBeforeOffsetCommit(TrackingConsumer):
     """Dies after its database transaction commits, before the offset commit."""
 
-    async def commit_offsets(self, consumer, offsets):  # type: ignore[no-untyped-def]
+    async def commit_offsets(self, consumer: EventConsumer) -> None:
         raise RuntimeError("killed between effect and offset commit")
 
 
@@ -240,12 +241,9 @@ async def test_seeking_the_group_back_changes_no_state(
 async def test_duplicate_delivery_in_one_batch_is_applied_once(
     store: EventStore, db: Database
 ) -> None:
-    from aiokafka.structs import ConsumerRecord
-
     await create_effects_table(db)
-    event = events_pb2.RunEvent(run_id=str(uuid.uuid4()), seq=1, state=events_pb2.RUN_STATE_QUEUED)
-    record = ConsumerRecord("t", 0, 0, 0, 0, None, event.SerializeToString(), None, 0, 0, [])
+    event = StoredEvent(str(uuid.uuid4()), 1, RunState.QUEUED, "t", {}, datetime.now(UTC))
     consumer = TrackingConsumer(db, "unused:0", group_id=GROUP, handler=record_effect)
-    assert await consumer.apply([record, record]) == 1
-    assert await consumer.apply([record]) == 0
+    assert await consumer.apply([event, event]) == 1
+    assert await consumer.apply([event]) == 0
     assert await applied_effects(db) == {(event.run_id, 1): 1}

@@ -5,31 +5,23 @@ import asyncio
 
 import pytest
 import sqlalchemy as sa
-from aiokafka.structs import ConsumerRecord
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.core.codec import to_proto
 from services.core.consumer import Handler, TrackingConsumer
 from services.core.db import Database
 from services.core.eventstore import EventStore
-from services.core.runs import NewEvent, RunState
+from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.core.events import start_run, streaming
 from tests.services.core.test_consumer import applied_effects, create_effects_table, record_effect
-from tollgate.v1 import events_pb2
 
 
 def consumer(db: Database, handler: Handler, name: str = "batches") -> TrackingConsumer:
     return TrackingConsumer(db, "unused:9092", group_id=name, handler=handler, name=name)
 
 
-async def records(store: EventStore, run_ids: list[str]) -> list[ConsumerRecord[bytes, bytes]]:
-    """Every stored event of the runs, in the order given, as one poll's records."""
-    out: list[ConsumerRecord[bytes, bytes]] = []
-    for run_id in run_ids:
-        for event in await store.read(run_id):
-            value = to_proto(event).SerializeToString()
-            out.append(ConsumerRecord("t", 0, len(out), 0, 0, None, value, None, 0, len(value), ()))
-    return out
+async def records(store: EventStore, run_ids: list[str]) -> list[StoredEvent]:
+    """Every stored event of the runs, in the order given, as one poll's events."""
+    return [event for run_id in run_ids for event in await store.read(run_id)]
 
 
 async def two_event_runs(store: EventStore, n: int) -> list[str]:
@@ -45,7 +37,7 @@ async def test_a_poll_is_one_transaction(db: Database, store: EventStore) -> Non
     poll = await records(store, run_ids)
     doomed = sorted(run_ids)[-1]
 
-    async def fails_on_the_last_run(conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+    async def fails_on_the_last_run(conn: AsyncConnection, event: StoredEvent) -> None:
         await record_effect(conn, event)
         if event.run_id == doomed and event.seq == 2:
             raise RuntimeError("handler failed")
@@ -64,7 +56,7 @@ async def test_handlers_see_runs_in_run_id_order_and_each_runs_events_in_order(
     run_ids = await two_event_runs(store, 4)
     seen: list[tuple[str, int]] = []
 
-    async def note(conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+    async def note(conn: AsyncConnection, event: StoredEvent) -> None:
         seen.append((event.run_id, event.seq))
 
     await consumer(db, note).apply(await records(store, sorted(run_ids, reverse=True)))
@@ -78,7 +70,7 @@ async def test_polls_over_the_same_runs_in_opposite_orders_do_not_deadlock(
     for run_id in run_ids:
         await store.append(run_id, 2, [streaming(1)])
 
-    async def lock_run(conn: AsyncConnection, event: events_pb2.RunEvent) -> None:
+    async def lock_run(conn: AsyncConnection, event: StoredEvent) -> None:
         # As a billing handler does: the run's row, held until the poll commits.
         await conn.execute(
             sa.text("SELECT 1 FROM runs WHERE run_id = :r FOR UPDATE"), {"r": event.run_id}

@@ -6,6 +6,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.db import Database
 from services.core.eventstore import EventStore
+from services.core.kafka import EventConsumer
 from services.core.relay import OutboxRelay
 from services.core.runs import RunState
 from services.ledger.consumer import LEDGER_GROUP, LedgerConsumer
@@ -17,7 +18,7 @@ from tests.services.ledger.runs import entry_count, open_reservations, terminal_
 class KilledBeforeOffsetCommit(LedgerConsumer):
     """Dies after its billing transaction commits, before the offset commit."""
 
-    async def commit_offsets(self, consumer, offsets):  # type: ignore[no-untyped-def]
+    async def commit_offsets(self, consumer: EventConsumer) -> None:
         raise RuntimeError("killed between billing and offset commit")
 
 

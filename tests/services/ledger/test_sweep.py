@@ -1,11 +1,8 @@
 import asyncio
 
-from aiokafka.structs import ConsumerRecord
-
-from services.core.codec import to_proto
 from services.core.db import Database
 from services.core.eventstore import EventStore
-from services.core.runs import RunState
+from services.core.runs import RunState, StoredEvent
 from services.ledger.consumer import LedgerConsumer
 from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
@@ -18,11 +15,9 @@ from tests.services.ledger.runs import (
 )
 
 
-async def terminal_record(store: EventStore, run_id: str) -> ConsumerRecord:
-    """The Kafka record the relay would publish for the run's terminal event."""
-    event = next(e for e in await store.read(run_id) if e.kind == RunState.COMPLETED)
-    value = to_proto(event).SerializeToString()
-    return ConsumerRecord("t", 0, 0, 0, 0, None, value, None, 0, 0, [])
+async def terminal_event(store: EventStore, run_id: str) -> StoredEvent:
+    """The run's terminal event, as the consumer reads it from Kafka."""
+    return next(e for e in await store.read(run_id) if e.kind == RunState.COMPLETED)
 
 
 async def billed_counts(store: EventStore, run_ids: list[str]) -> list[int]:
@@ -57,7 +52,7 @@ async def test_late_delivery_after_the_sweep_is_a_no_op(
     assert len(await Sweeper(db, prices, grace=10).sweep_once()) == 1
 
     consumer = LedgerConsumer(db, "unused:0", prices)
-    assert await consumer.apply([await terminal_record(store, run_id)]) == 1  # tracked, no effect
+    assert await consumer.apply([await terminal_event(store, run_id)]) == 1  # tracked, no effect
     assert await entry_count(db, run_id) == 3
     assert await billed_counts(store, [run_id]) == [1]
 
@@ -66,14 +61,14 @@ async def test_concurrent_sweep_and_consumer_bill_each_run_once(
     store: EventStore, db: Database, prices: PriceTable
 ) -> None:
     run_ids = [await terminal_run(store) for _ in range(8)]
-    records = [await terminal_record(store, r) for r in run_ids]
+    events = [await terminal_event(store, r) for r in run_ids]
     sweeper = Sweeper(db, prices, grace=0)
     consumer = LedgerConsumer(db, "unused:0", prices)
 
     # Both paths race on every run, in both orders.
     jobs = []
-    for i, (run_id, record) in enumerate(zip(run_ids, records, strict=True)):
-        pair = [sweeper.bill_one(run_id), consumer.apply([record])]
+    for i, (run_id, event) in enumerate(zip(run_ids, events, strict=True)):
+        pair = [sweeper.bill_one(run_id), consumer.apply([event])]
         jobs.extend(pair if i % 2 else pair[::-1])
     await asyncio.gather(*jobs, sweeper.sweep_once())
 

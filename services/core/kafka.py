@@ -1,0 +1,249 @@
+"""Kafka, the bus of run events: publishing, reading in a consumer group, topics.
+
+The one module that talks to the broker. A record is a protobuf `RunEvent`, keyed
+by its run id (so each run's events share a partition and keep their order), with
+its CloudEvents attributes as headers; what goes in and comes out is `StoredEvent`.
+The broker (Tansu) rejects the idempotent producer and transactions, so neither
+is used: the relay publishes at least once, and consumers dedupe by (run_id, seq).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+from services.core.codec import from_proto, kind_of, to_proto
+from services.core.runs import RunState, StoredEvent
+from tollgate.v1 import events_pb2
+
+CONTENT_TYPE = "application/protobuf"
+CE_SOURCE = "//tollgate/event-store"
+
+T = TypeVar("T")
+
+
+class Publisher:
+    """Publishes run events to `topic`; a context manager that connects and disconnects."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+
+    async def __aenter__(self) -> Publisher:
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+
+    async def publish(self, events: Sequence[StoredEvent]) -> None:
+        """Returns once every event of `events` is acknowledged by all in-sync replicas."""
+        futures = [
+            await self._producer.send(
+                self.topic,
+                value=to_proto(event).SerializeToString(),
+                key=event.run_id.encode(),
+                headers=cloudevent_headers(event),
+            )
+            for event in events
+        ]
+        await asyncio.gather(*futures)
+
+
+class EventConsumer:
+    """A member of consumer group `group_id` reading `topic`; a reusable context manager.
+
+    `batches()` yields the events of each poll whose kind is one of `kinds` (all when
+    None), decoded; `commit()` commits the offsets of what it yielded. With
+    `auto_commit` the client commits instead. `assigned` is set while the member
+    holds partitions, i.e. sees new events.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        group_id: str,
+        kinds: Collection[RunState] | None = None,
+        auto_offset_reset: str = "earliest",
+        auto_commit: bool = False,
+        session_timeout_ms: int = 10_000,
+        fetch_max_wait_ms: int = 50,
+        assigned: asyncio.Event | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.group_id = group_id
+        self.kinds = frozenset(kinds) if kinds is not None else None
+        self.auto_offset_reset = auto_offset_reset
+        self.auto_commit = auto_commit
+        self.session_timeout_ms = session_timeout_ms
+        # How long the broker may hold a fetch open waiting for data: the latency floor.
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.assigned = assigned or asyncio.Event()
+        self.num_read = 0  # records read, of every kind, since construction
+        self._uncommitted: dict[TopicPartition, int] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> EventConsumer:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            enable_auto_commit=self.auto_commit,
+            auto_offset_reset=self.auto_offset_reset,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 4),
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
+        )
+        self._consumer.subscribe([self.topic], listener=_Assignment(self.assigned))
+        self._uncommitted = {}
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.assigned.clear()
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def batches(self) -> AsyncIterator[list[StoredEvent]]:
+        """One list per poll, of every partition read; empty when the poll brought nothing
+        of `kinds`. A run's events share a partition, so they come in order."""
+        assert self._consumer is not None, "used outside its context"
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=500, max_records=500)
+            records = [record for batch in batches.values() for record in batch]
+            self.num_read += len(records)
+            if not self.auto_commit:
+                self._uncommitted.update(
+                    {tp: batch[-1].offset + 1 for tp, batch in batches.items()}
+                )
+            yield self.decode(records)
+
+    def decode(self, records: Sequence[ConsumerRecord]) -> list[StoredEvent]:
+        """The events of `records` whose kind is one of `kinds`."""
+        events = []
+        for record in records:
+            message = events_pb2.RunEvent.FromString(record.value)
+            # Other kinds are left undecoded: a consumer of a few kinds reads many records.
+            if self.kinds is None or kind_of(message) in self.kinds:
+                events.append(from_proto(message, _traceparent(record.headers)))
+        return events
+
+    @property
+    def has_uncommitted(self) -> bool:
+        """Whether events were yielded since the last `commit()`."""
+        return bool(self._uncommitted)
+
+    async def commit(self) -> None:
+        """Commits the offsets of every batch yielded so far, on the partitions this member
+        still holds: those handed to another member since are theirs to commit."""
+        assert self._consumer is not None, "used outside its context"
+        assigned = self._consumer.assignment()
+        offsets = {tp: offset for tp, offset in self._uncommitted.items() if tp in assigned}
+        if offsets:
+            await self._consumer.commit(offsets)
+        self._uncommitted.clear()
+
+
+class _Assignment(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, assigned: asyncio.Event) -> None:
+        self.assigned = assigned
+
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
+        self.assigned.clear()
+
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        self.assigned.set()
+
+
+def _traceparent(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    for key, value in headers:
+        if key == "ce_traceparent" and value:
+            return value.decode()
+    return ""
+
+
+def ce_type(kind: RunState) -> str:
+    return f"tollgate.run.{kind}.v1"
+
+
+def cloudevent_headers(event: StoredEvent) -> list[tuple[str, bytes]]:
+    """CloudEvents Kafka binding, binary mode: attributes as `ce_*` headers."""
+    headers = [
+        ("ce_specversion", b"1.0"),
+        ("ce_id", f"{event.run_id}/{event.seq}".encode()),
+        ("ce_source", CE_SOURCE.encode()),
+        ("ce_type", ce_type(event.kind).encode()),
+        ("ce_time", _rfc3339(event.created_at).encode()),
+        ("ce_subject", event.run_id.encode()),
+        ("content-type", CONTENT_TYPE.encode()),
+    ]
+    if event.traceparent:
+        headers.append(("ce_traceparent", event.traceparent.encode()))
+    return headers
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+async def create_topic(
+    bootstrap: str, name: str, partitions: int, *, replication_factor: int = 1
+) -> None:
+    """Create a topic; one that already exists is left as it is."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        response = await admin.create_topics([NewTopic(name, partitions, replication_factor)])
+    except TopicAlreadyExistsError:
+        return
+    finally:
+        await admin.close()
+    for topic_error in response.topic_errors:
+        code = topic_error[1]
+        if code not in (0, TopicAlreadyExistsError.errno):
+            raise for_code(code)(f"creating topic {name}: {topic_error[-1]}")
+
+
+def ensure_topics(bootstrap: str, names: Sequence[str], partitions: int) -> None:
+    """Create each topic unless it exists; for synchronous callers."""
+
+    async def create_all() -> None:
+        for name in names:
+            await create_topic(bootstrap, name, partitions)
+
+    _run_in_new_loop(create_all())
+
+
+def _run_in_new_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    # asyncio.run on the caller's thread would replace and then clear its event
+    # loop, which may belong to someone else (pytest-asyncio's session loop).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
