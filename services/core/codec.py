@@ -7,7 +7,7 @@ meet the generated protobuf types.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf import json_format
@@ -27,6 +27,7 @@ PROTO_STATES: Mapping[RunState, int] = {
     RunState.BILLED: events_pb2.RUN_STATE_BILLED,
 }
 STATES_BY_PROTO: Mapping[int, RunState] = {v: k for k, v in PROTO_STATES.items()}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def to_proto(event: StoredEvent) -> events_pb2.RunEvent:
@@ -92,7 +93,9 @@ def from_proto(message: events_pb2.RunEvent, traceparent: str = "") -> StoredEve
         kind=kind_of(message),
         tenant_id=message.tenant_id,
         payload=payload_of(message),
-        created_at=message.time.ToDatetime(UTC),
+        # As Timestamp.ToDatetime, which takes twice as long.
+        created_at=_EPOCH
+        + timedelta(seconds=message.time.seconds, microseconds=message.time.nanos // 1000),
         traceparent=traceparent,
     )
 
@@ -124,7 +127,7 @@ def _payload_value(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_ENUM:
         names = field.enum_type.values_by_number
         return [names[v].name for v in value] if field.is_repeated else names[value].name
-    return list(value) if field.is_repeated else value
+    return value[:] if field.is_repeated else value  # a slice copies faster than list()
 
 
 def kind_of(message: events_pb2.RunEvent) -> RunState:
