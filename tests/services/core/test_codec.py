@@ -77,7 +77,7 @@ def test_an_empty_payload_still_names_the_kind() -> None:
                 "priority": "PRIORITY_BATCH",
                 "sampling": {"temperature": 0.5, "max_tokens": 8, "stop": ["\n"], "seed": 7},
                 "prompt_token_ids": list(range(300)),
-                "kv_blocks_reserved": 20,
+                "num_kv_blocks": 20,
             },
         ),
         (RunState.STREAMING, {"token_ids": [5, 2**31 - 1], "text": "a\u0000é"}),
