@@ -1,8 +1,10 @@
-from services.core.loop import run
+"""`python -m services.admission`, configured by `TOLLGATE_*` variables (README, Configuration)."""
+
 from services.core.parent import follow_parent
 
 follow_parent()
 
-from services.admission.app import main  # noqa: E402
+from services.admission.app import AdmissionSettings, main  # noqa: E402
+from services.core.server import run_service  # noqa: E402
 
-run(main())
+run_service("admission", AdmissionSettings.from_env, main)

@@ -19,8 +19,7 @@ from services.core.config import CommonSettings, env_float, env_int, env_map, en
 from services.core.db import open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
-from services.core.server import create_server, serve, start_metrics
-from services.core.telemetry import configure_logging, configure_tracing
+from services.core.server import bound_address, create_server, serve, start_metrics
 from tollgate.v1 import (
     admin_pb2_grpc,
     gateway_pb2,
@@ -77,10 +76,7 @@ async def watch_queue_depth(
         await asyncio.sleep(1.0)
 
 
-async def main() -> None:
-    configure_logging("admission")
-    configure_tracing("admission")
-    settings = AdmissionSettings.from_env()
+async def main(settings: AdmissionSettings) -> None:
     db = open_db(settings.common.database_url)
     catalog = ModelCatalog.load(settings.models)
     feed = RunFeed(settings.common.database_url)
@@ -114,11 +110,10 @@ async def main() -> None:
 
     server, port, health = create_server(settings.common.listen, add_servicers)
     metrics_port = start_metrics(settings.common.metrics_port)
-    host = settings.common.listen.rsplit(":", 1)[0]
-    log.info("serving", address=f"{host}:{port}", metrics_port=metrics_port, models=catalog.names())
-    print(f"READY {host}:{port}", flush=True)
+    address = bound_address(settings.common.listen, port)
+    log.info("serving", address=address, metrics_port=metrics_port, models=catalog.names())
     try:
-        await serve(server, health, SERVICES, background)
+        await serve(server, health, SERVICES, background, address=address)
     finally:
         await gateway.aclose()
         await db.dispose()

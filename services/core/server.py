@@ -4,17 +4,50 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from services.core.loop import running_loop_name
+from services.core import loop
+from services.core.config import ConfigError
+from services.core.telemetry import configure_logging, configure_tracing
 
 log = structlog.get_logger(__name__)
+
+S = TypeVar("S")
+
+
+def run_service(
+    name: str, load_settings: Callable[[], S], main: Callable[[S], Coroutine[Any, Any, None]]
+) -> None:
+    """`python -m services.<name>`: logs and traces set up, settings read from the
+    environment (a bad one exits with status 2, naming the variable), then `main` on the
+    configured event loop until it returns."""
+    configure_logging(name)
+    configure_tracing(name)
+    try:
+        settings = load_settings()
+    except ConfigError as error:
+        log.error("bad configuration", error=str(error))
+        print(f"{name}: {error}", file=sys.stderr)
+        sys.exit(2)
+    loop.run(main(settings))
+
+
+def bound_address(listen: str, port: int) -> str:
+    """`host:port` of a server bound to `listen` (whose port may be 0) on `port`."""
+    host = listen.rpartition(":")[0] or "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def announce(address: str) -> None:
+    """Tells the launcher the bound address: it reads this line when the port was 0."""
+    print(f"READY {address}", flush=True)
 
 
 def create_server(
@@ -73,11 +106,16 @@ async def serve(
     *,
     grace: float = 5.0,
     before_stop: Callable[[], Awaitable[None]] | None = None,
+    address: str | None = None,
 ) -> None:
-    """Runs until SIGTERM/SIGINT, then drains: not serving, stop with grace, cancel tasks."""
+    """Runs until SIGTERM/SIGINT, then drains: not serving, stop with grace, cancel tasks.
+
+    `address`, when given, is announced once the server serves."""
     await server.start()
     await set_serving(health_servicer, services, True)
-    log.info("running", event_loop=running_loop_name())
+    if address is not None:
+        announce(address)
+    log.info("running", event_loop=loop.running_loop_name())
     tasks = [asyncio.ensure_future(job) for job in background]
     signalled = asyncio.ensure_future(wait_for_signal())
     await asyncio.wait([signalled, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -1,7 +1,10 @@
+"""`python -m services.ledger`, configured by `TOLLGATE_*` variables (README, Configuration)."""
+
 from services.core.parent import follow_parent
 
 follow_parent()
 
-from services.ledger.app import main  # noqa: E402
+from services.core.server import run_service  # noqa: E402
+from services.ledger.app import LedgerSettings, main  # noqa: E402
 
-main()
+run_service("ledger", LedgerSettings.from_env, main)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -12,12 +11,10 @@ import grpc
 import structlog
 from grpc_health.v1 import health
 
-from services.core import loop
 from services.core.config import CommonSettings, env_float, env_str
 from services.core.db import Database, open_db
 from services.core.relay import OutboxRelay
-from services.core.server import create_server, serve, start_metrics
-from services.core.telemetry import configure_logging, configure_tracing
+from services.core.server import bound_address, create_server, serve, start_metrics
 from services.ledger.consumer import LedgerConsumer
 from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_prices
 from services.ledger.servicer import LedgerServicer
@@ -76,19 +73,7 @@ async def keep_running(name: str, job: Callable[[], Awaitable[None]]) -> None:
         await asyncio.sleep(RESTART_DELAY)
 
 
-async def announce(address: str) -> None:
-    """Tells launchers the bound address, then idles: serve() stops when a task ends."""
-    log.info("serving", address=address)
-    print(f"READY {address}", flush=True)
-    await asyncio.Event().wait()
-
-
-def listen_host(listen: str) -> str:
-    host = listen.rsplit(":", 1)[0]
-    return host or "127.0.0.1"
-
-
-async def run(settings: LedgerSettings) -> None:
+async def main(settings: LedgerSettings) -> None:
     db = open_db(settings.common.database_url)
     common = settings.common
     consumer = LedgerConsumer(db, common.kafka_bootstrap, settings.prices, topic=common.topic)
@@ -98,30 +83,19 @@ async def run(settings: LedgerSettings) -> None:
     relay = OutboxRelay(db, common.kafka_bootstrap, topic=common.topic)
     server, port, health_servicer = create_ledger_server(db, settings)
     metrics_port = start_metrics(common.metrics_port)
-    if metrics_port is not None:
-        log.info("metrics", metrics_port=metrics_port)
+    address = bound_address(common.listen, port)
+    log.info("serving", address=address, metrics_port=metrics_port)
     try:
         await serve(
             server,
             health_servicer,
             SERVICE_NAMES,
             [
-                announce(f"{listen_host(common.listen)}:{port}"),
                 keep_running("consumer", consumer.run),
                 sweeper.run(),
                 relay.run(),
             ],
+            address=address,
         )
     finally:
         await db.dispose()
-
-
-def main() -> None:
-    configure_logging("ledger")
-    configure_tracing("ledger")
-    try:
-        settings = LedgerSettings.from_env()
-    except Exception as exc:
-        log.error("bad configuration", error=str(exc))
-        sys.exit(2)
-    loop.run(run(settings))

@@ -1,26 +1,10 @@
-"""`python -m services.scheduler`: configured by TOLLGATE_* environment variables."""
+"""`python -m services.scheduler`, configured by `TOLLGATE_*` variables (README, Configuration)."""
 
-from __future__ import annotations
-
-import sys
-
-from services.core.config import ConfigError
-from services.core.loop import run
 from services.core.parent import follow_parent
-from services.scheduler.app import serve
-from services.scheduler.config import SchedulerSettings
 
+follow_parent()
 
-def main() -> int:
-    follow_parent()
-    try:
-        settings = SchedulerSettings.from_env()
-    except ConfigError as error:
-        print(f"scheduler: {error}", file=sys.stderr)
-        return 2
-    run(serve(settings))
-    return 0
+from services.core.server import run_service  # noqa: E402
+from services.scheduler.app import SchedulerSettings, main  # noqa: E402
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+run_service("scheduler", SchedulerSettings.from_env, main)

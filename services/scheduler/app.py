@@ -1,10 +1,10 @@
-"""The scheduler process: its parts wired together, the server, `serve`."""
+"""The scheduler process: its settings, its parts wired together, the server, `main`."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -12,13 +12,12 @@ import structlog
 from grpc_health.v1 import health
 
 from services.core import server as core_server
+from services.core.config import CommonSettings, env_float, env_int, env_map
 from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
-from services.core.telemetry import configure_logging, configure_tracing
 from services.scheduler import metrics
 from services.scheduler.cancel import Canceller
-from services.scheduler.config import SchedulerSettings
 from services.scheduler.dispatcher import Dispatcher
 from services.scheduler.intake import EventTrigger, Intake
 from services.scheduler.liveness import LivenessChecker
@@ -34,6 +33,32 @@ from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 log = structlog.get_logger(__name__)
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    common: CommonSettings
+    # worker_id -> host:port of workers known from configuration
+    workers: Mapping[str, str] = field(default_factory=dict)
+    rescan_seconds: float = 2.0
+    worker_timeout: float = 5.0
+    heartbeat_interval: float = 1.0
+    max_skip_age: float = 30.0
+    block_size: int = 16
+    kafka_session_timeout_ms: int = 10_000
+
+    @classmethod
+    def from_env(cls) -> SchedulerSettings:
+        return cls(
+            common=CommonSettings.from_env(),
+            workers=env_map("TOLLGATE_WORKERS"),
+            rescan_seconds=env_float("TOLLGATE_SCHEDULER_RESCAN", 2.0),
+            worker_timeout=env_float("TOLLGATE_WORKER_TIMEOUT", 5.0),
+            heartbeat_interval=env_float("TOLLGATE_HEARTBEAT_INTERVAL", 1.0),
+            max_skip_age=env_float("TOLLGATE_SCHEDULER_MAX_SKIP_SECONDS", 30.0),
+            block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
+            kafka_session_timeout_ms=env_int("TOLLGATE_KAFKA_SESSION_TIMEOUT_MS", 10_000),
+        )
 
 
 class SchedulerApp:
@@ -126,16 +151,12 @@ async def _announce(listen: str, port: int, trigger_ready: asyncio.Event) -> Non
         await asyncio.wait_for(trigger_ready.wait(), _TRIGGER_WAIT_S)
     except TimeoutError:
         log.warning("announcing before the Kafka trigger joined", waited_s=_TRIGGER_WAIT_S)
-    # The launcher reads the port from this line when TOLLGATE_LISTEN ends in :0.
-    host = listen.rpartition(":")[0] or "127.0.0.1"
-    print(f"READY {host}:{port}", flush=True, file=sys.stdout)
+    core_server.announce(core_server.bound_address(listen, port))
     await asyncio.Event().wait()
 
 
-async def serve(settings: SchedulerSettings) -> None:
+async def main(settings: SchedulerSettings) -> None:
     """Runs the scheduler until SIGTERM/SIGINT."""
-    configure_logging("scheduler")
-    configure_tracing("scheduler")
     db = open_db(settings.common.database_url)
     app = SchedulerApp(settings, db)
     server, port, health_servicer = create_server(settings.common.listen, app)

@@ -23,8 +23,7 @@ from services.core.config import (
 )
 from services.core.db import open_db
 from services.core.eventstore import EventStore
-from services.core.server import create_server, serve, start_metrics
-from services.core.telemetry import configure_logging, configure_tracing
+from services.core.server import bound_address, create_server, serve, start_metrics
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.runs import AssignedRun
@@ -154,10 +153,7 @@ async def drain(core: WorkerCore, seconds: int) -> None:
     log.warning("stopping with runs still in flight", running_run_ids=sorted(core.runs))
 
 
-async def main() -> None:
-    configure_logging("worker")
-    configure_tracing("worker")
-    settings = WorkerSettings.from_env()
+async def main(settings: WorkerSettings) -> None:
     db = open_db(settings.common.database_url)
     store = EventStore(db)
     runs: dict[str, AssignedRun] = {}
@@ -176,8 +172,7 @@ async def main() -> None:
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), server)
 
     server, port, health = create_server(settings.common.listen, add_servicers)
-    host = settings.common.listen.rsplit(":", 1)[0]
-    address = f"{host}:{port}"
+    address = bound_address(settings.common.listen, port)
     # No outbox relay here: the other services run one, and this process's event loop
     # should stay quick to append each step.
     background = [appender.run(), exit_when_lost(engine)]
@@ -187,7 +182,6 @@ async def main() -> None:
         background.append(heartbeat(core, settings.scheduler_address, advertised))
     metrics_port = start_metrics(settings.common.metrics_port)
     log.info("serving", address=address, metrics_port=metrics_port, model=settings.model_name)
-    print(f"READY {address}", flush=True)
     try:
         await serve(
             server,
@@ -196,6 +190,7 @@ async def main() -> None:
             background,
             grace=float(settings.drain_seconds),
             before_stop=lambda: drain(core, 0 if engine.lost.is_set() else settings.drain_seconds),
+            address=address,
         )
     finally:
         await engine.shutdown()

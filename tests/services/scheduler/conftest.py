@@ -11,8 +11,7 @@ import pytest
 from services.core.config import CommonSettings
 from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
-from services.scheduler.app import SchedulerApp, create_server
-from services.scheduler.config import SchedulerSettings
+from services.scheduler.app import SchedulerApp, SchedulerSettings, create_server
 from tests.services.scheduler.fakes import FakeWorker
 from tollgate.v1 import scheduler_pb2_grpc
 
