@@ -31,12 +31,11 @@ def run_service(
     configure_logging(name)
     configure_tracing(name)
     try:
-        settings = load_settings()
+        loop.run(main(load_settings()))
     except ConfigError as error:
         log.error("bad configuration", error=str(error))
         print(f"{name}: {error}", file=sys.stderr)
         sys.exit(2)
-    loop.run(main(settings))
 
 
 def bound_address(listen: str, port: int) -> str:
