@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import grpc
@@ -10,9 +9,9 @@ import structlog
 
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
-from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
-from services.admission.hints import QueuedHints
+from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import Limits
+from services.admission.scheduler_client import QueueDepth, SchedulerClient
 from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
 from services.core.config import CommonSettings, env_float, env_int, env_map, env_str
@@ -24,8 +23,6 @@ from tollgate.v1 import (
     admin_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
 )
 
 log = structlog.get_logger(__name__)
@@ -64,18 +61,6 @@ class AdmissionSettings:
         )
 
 
-async def watch_queue_depth(
-    stub: scheduler_pb2_grpc.SchedulerServiceStub, depth: QueueDepth
-) -> None:
-    while True:
-        try:
-            stats = await stub.GetQueueStats(scheduler_pb2.GetQueueStatsRequest(), timeout=2.0)
-            depth.value = stats.num_interactive + stats.num_batch
-        except grpc.aio.AioRpcError:
-            depth.value = 0  # no figures: admit, the scheduler's own queue bounds the rest
-        await asyncio.sleep(1.0)
-
-
 async def main(settings: AdmissionSettings) -> None:
     db = open_db(settings.common.database_url)
     catalog = ModelCatalog.load(settings.models)
@@ -86,12 +71,9 @@ async def main(settings: AdmissionSettings) -> None:
         OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
     ]
     depth = QueueDepth()
-    hints = None
     if settings.scheduler_address:
-        channel = grpc.aio.insecure_channel(settings.scheduler_address)
-        scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-        background.append(watch_queue_depth(scheduler, depth))
-        hints = QueuedHints(scheduler)
+        scheduler = SchedulerClient(settings.scheduler_address)
+        background.append(scheduler.watch_queue_depth(depth))
     gateway = Gateway(
         db,
         catalog,
@@ -99,7 +81,7 @@ async def main(settings: AdmissionSettings) -> None:
         Canceller(EventStore(db), scheduler),
         settings.config,
         depth,
-        on_queued=hints,
+        on_queued=scheduler.hint if scheduler is not None else None,
     )
 
     def add_servicers(server: grpc.aio.Server) -> None:
@@ -116,4 +98,6 @@ async def main(settings: AdmissionSettings) -> None:
         await serve(server, health, SERVICES, background, address=address)
     finally:
         await gateway.aclose()
+        if scheduler is not None:
+            await scheduler.close()
         await db.dispose()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import grpc
 import structlog
 
+from services.admission.scheduler_client import SchedulerClient
 from services.core.eventstore import ConcurrencyConflict, EventStore
 from services.core.runs import (
     IllegalTransition,
@@ -17,7 +17,6 @@ from services.core.runs import (
     StoredEvent,
     is_ended,
 )
-from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
@@ -25,15 +24,13 @@ WORKER_CANCEL_WAIT = 5.0
 
 
 class Canceller:
-    def __init__(
-        self, store: EventStore, scheduler: scheduler_pb2_grpc.SchedulerServiceStub | None
-    ) -> None:
+    def __init__(self, store: EventStore, scheduler: SchedulerClient | None) -> None:
         self.store = store
         self.scheduler = scheduler
 
     async def cancel(self, run: RunView, reason: str) -> RunView:
         """Ends `run` as `cancelled` unless it already ended; returns the run afterwards."""
-        if await self._ask_scheduler(run.run_id, reason):
+        if self.scheduler is not None and await self.scheduler.cancel(run.run_id, reason):
             ended = await self._wait_until_ended(run.run_id, WORKER_CANCEL_WAIT)
             if ended is not None:
                 return ended
@@ -57,18 +54,6 @@ class Canceller:
                 )
             except (ConcurrencyConflict, IllegalTransition):
                 continue
-
-    async def _ask_scheduler(self, run_id: str, reason: str) -> bool:
-        if self.scheduler is None:
-            return False
-        try:
-            reply = await self.scheduler.CancelRun(
-                scheduler_pb2.SchedulerCancelRunRequest(run_id=run_id, reason=reason), timeout=3.0
-            )
-        except grpc.aio.AioRpcError as error:
-            log.warning("scheduler cancel failed", run_id=run_id, code=error.code().name)
-            return False
-        return bool(reply.found)
 
     async def _wait_until_ended(self, run_id: str, timeout: float) -> RunView | None:
         deadline = time.monotonic() + timeout

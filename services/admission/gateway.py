@@ -22,6 +22,7 @@ from services.admission.requests import (
     context_violation,
     validate,
 )
+from services.admission.scheduler_client import QueueDepth
 from services.admission.stream import RunFeed, stream_events
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused, Unavailable
@@ -182,10 +183,3 @@ class Gateway:
         if run is not None and not is_ended(run.state):
             log.info("client gone, cancelling run", run_id=run_id, grace_seconds=grace)
             await self.canceller.cancel(run, "client disconnected")
-
-
-class QueueDepth:
-    """The scheduler's queue depth, refreshed in the background for back-pressure."""
-
-    def __init__(self) -> None:
-        self.value = 0

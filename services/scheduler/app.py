@@ -105,6 +105,7 @@ class SchedulerApp:
             on_register=self.liveness.poll_now.set,
             on_queued=self.intake.take,
             on_hinted=self.intake.take_hinted,
+            block_size=settings.block_size,
         )
         metrics.observe_state(self.state)
 

@@ -11,19 +11,16 @@ assignments early.  Nothing depends on the hints or on Kafka keeping its data.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Collection
-from datetime import UTC
 
 import structlog
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.kafka import EventConsumer
 from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
-from services.scheduler.records import QueuedRun, queued_run
+from services.scheduler.records import QueuedRun
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
-from tollgate.v1 import scheduler_pb2
 
 log = structlog.get_logger(__name__)
 
@@ -35,14 +32,9 @@ class Intake:
         self.state = state
         self.repository = repository
 
-    def take_hinted(self, hints: Collection[scheduler_pb2.HintedRun]) -> int:
+    def take_hinted(self, runs: Collection[QueuedRun]) -> int:
         """Queues the runs admission describes in full, those not known yet."""
-        block_size = self.repository.block_size
-        return sum(
-            self.state.enqueue(run_from_hint(hint, block_size))
-            for hint in hints
-            if not self.state.knows(hint.run_id)
-        )
+        return sum(self.state.enqueue(run) for run in runs if not self.state.knows(run.run_id))
 
     async def take(self, run_ids: Collection[str]) -> int:
         """Queues those of `run_ids` that are in state `queued` and not known yet."""
@@ -59,28 +51,6 @@ class Intake:
             if run_id in self.state.queued:
                 self.state.dequeue(run_id)
         return await self.take(queued_now)
-
-
-def run_from_hint(hint: scheduler_pb2.HintedRun, block_size: int) -> QueuedRun:
-    """The run admission describes, as `SchedulerRepository.load_queued` would read it.
-
-    Its creation time is its `queued` event's: the same transaction, a statement later
-    than the projection row's, which only orders it among runs created that instant.
-    """
-    queued_at = hint.queued_at.ToDatetime(UTC).timestamp()
-    return queued_run(
-        run_id=hint.run_id,
-        tenant_id=hint.tenant_id,
-        model=hint.model,
-        priority=hint.priority,
-        last_seq=hint.last_seq,
-        payload=json.loads(hint.queued_payload_json),
-        traceparent=hint.traceparent,
-        created_at=queued_at,
-        queued_at=queued_at,
-        weight=hint.tenant_weight,
-        block_size=block_size,
-    )
 
 
 class EventTrigger:

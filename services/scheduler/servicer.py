@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable, Collection
+from datetime import UTC
 
 import grpc
 
 from services.core.errors import FieldViolation, InvalidArgument, rpc_errors
 from services.scheduler.cancel import Canceller
+from services.scheduler.records import QueuedRun, queued_run
 from services.scheduler.state import SchedulerState
 from services.scheduler.workers import WorkerReport
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -23,7 +26,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         heartbeat_interval: float,
         on_register: Callable[[], None] = lambda: None,
         on_queued: Callable[[Collection[str]], Awaitable[int]] | None = None,
-        on_hinted: Callable[[Collection[scheduler_pb2.HintedRun]], int] | None = None,
+        on_hinted: Callable[[Collection[QueuedRun]], int] | None = None,
+        block_size: int = 16,
     ) -> None:
         self.state = state
         self.canceller = canceller
@@ -31,6 +35,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.on_register = on_register
         self.on_queued = on_queued
         self.on_hinted = on_hinted
+        self.block_size = block_size
 
     @rpc_errors
     async def GetQueueStats(
@@ -86,10 +91,32 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.RunsQueuedResponse:
         taken = 0
         if self.on_hinted is not None and request.runs:
-            taken += self.on_hinted(request.runs)
+            taken += self.on_hinted([run_from_hint(h, self.block_size) for h in request.runs])
         if self.on_queued is not None and request.run_ids:
             taken += await self.on_queued(request.run_ids)
         return scheduler_pb2.RunsQueuedResponse(num_taken=taken)
+
+
+def run_from_hint(hint: scheduler_pb2.HintedRun, block_size: int) -> QueuedRun:
+    """The run admission describes, as `SchedulerRepository.load_queued` would read it.
+
+    Its creation time is its `queued` event's: the same transaction, a statement later
+    than the projection row's, which only orders it among runs created that instant.
+    """
+    queued_at = hint.queued_at.ToDatetime(UTC).timestamp()
+    return queued_run(
+        run_id=hint.run_id,
+        tenant_id=hint.tenant_id,
+        model=hint.model,
+        priority=hint.priority,
+        last_seq=hint.last_seq,
+        payload=json.loads(hint.queued_payload_json),
+        traceparent=hint.traceparent,
+        created_at=queued_at,
+        queued_at=queued_at,
+        weight=hint.tenant_weight,
+        block_size=block_size,
+    )
 
 
 def _require(**fields: str) -> None:

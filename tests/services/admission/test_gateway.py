@@ -15,14 +15,14 @@ from services.admission.admit import Admission as NewAdmission
 from services.admission.admit import Admitted, admit
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
-from services.admission.gateway import Gateway, GatewayConfig, QueueDepth
-from services.admission.hints import hinted_run
+from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import GenerateParams, Limits, Sampling
+from services.admission.scheduler_client import QueueDepth, hinted_run
 from services.admission.stream import RunFeed
 from services.core.errors import QuotaExceeded, Unavailable
 from services.core.runs import RunState
-from services.scheduler.intake import run_from_hint
 from services.scheduler.repository import SchedulerRepository
+from services.scheduler.servicer import run_from_hint
 from tests.services.admission.running import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
 from tollgate.v1 import events_pb2, gateway_pb2
