@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import psycopg
 import structlog
+from prometheus_client import Counter
 from psycopg.rows import dict_row
 
 from services.core.config import RUN_EVENTS_TOPIC
@@ -27,7 +28,6 @@ from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import event_from_row
 from services.core.kafka import Publisher
 from services.core.runs import StoredEvent
-from services.core.telemetry import get_meter
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 # Arbitrary constant naming the relay's advisory lock.
 RELAY_LOCK_KEY = 0x746F6C6C  # "toll"
 
-_published = get_meter().create_counter("tollgate.relay.events_published", unit="{event}")
+PUBLISHED = Counter("tollgate_relay_events_published", "Run events the relay published to Kafka")
 
 
 class OutboxRelay:
@@ -113,7 +113,7 @@ class OutboxRelay:
         # Deleted only once the broker has them all: a crash in between publishes them again.
         await publisher.publish(events)
         await self.mark_published(conn, ids)
-        _published.add(len(events))
+        PUBLISHED.inc(len(events))
         return len(events)
 
     async def _fetch_batch(

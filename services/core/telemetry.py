@@ -1,9 +1,10 @@
-"""Logging, tracing and metrics setup shared by every process.
+"""Logging and tracing setup shared by every process.
 
 Logs are structlog JSON lines on stderr; `run_id`, `tenant_id`, `seq` and
-`trace_id` are bound through contextvars wherever they are known.  Traces and
-metrics go through the OpenTelemetry SDK; the W3C `traceparent` string is how a
-run's trace context travels inside events and Kafka headers.
+`trace_id` are bound through contextvars wherever they are known.  Traces go
+through the OpenTelemetry SDK; the W3C `traceparent` string is how a run's trace
+context travels inside events and Kafka headers.  Metrics are Prometheus series,
+defined next to what they measure (each service's `metrics.py`, the relay).
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import structlog
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-METER_NAME = "tollgate"
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -64,10 +64,6 @@ def configure_tracing(service: str) -> None:
 
 def get_tracer() -> trace.Tracer:
     return trace.get_tracer("tollgate")
-
-
-def get_meter() -> metrics.Meter:
-    return metrics.get_meter(METER_NAME)
 
 
 def current_traceparent() -> str:

@@ -6,9 +6,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.core.db import Database
 from services.core.eventstore import Append, EventStore, append_in
@@ -31,6 +32,17 @@ async def running(relay: OutboxRelay) -> AsyncIterator[OutboxRelay]:
             await task
 
 
+def num_published() -> float:
+    return REGISTRY.get_sample_value("tollgate_relay_events_published_total") or 0.0
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
 def ids_of(records: list) -> list[tuple[str, int]]:  # type: ignore[type-arg]
     decoded = [events_pb2.RunEvent.FromString(r.value) for r in records]
     return [(e.run_id, e.seq) for e in decoded]
@@ -44,8 +56,12 @@ async def test_publishes_every_event_in_per_run_order(
         await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
         for seq in range(2, 8):
             await store.append(run_id, seq, [streaming(seq)])
+    before = num_published()
     async with running(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic)):
         records = await read_topic(kafka_bootstrap, kafka_topic, min_records=40)
+        # Counted once the batch is marked published, just after the broker's ack.
+        await wait_for(lambda: num_published() >= before + 40)
+    assert num_published() == before + 40
     published = ids_of(records)
     assert Counter(published) == Counter((r, s) for r in runs for s in range(1, 9))
     for run_id in runs:
