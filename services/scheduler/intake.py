@@ -99,7 +99,7 @@ class EventTrigger:
             # Admission's hint brings new runs at once; this trigger is for the runs whose
             # hint was lost. Brokers that answer an empty fetch only when this wait is
             # over (the embedded one) are asked 10 times a second, not 50: each empty
-            # round costs the scheduler about a millisecond of CPU.
+            # round costs the scheduler CPU, idle stack or not (bench/RESULTS.md).
             fetch_max_wait_ms=100,
             assigned=self.ready,
         )
