@@ -1,12 +1,15 @@
 """The engine's `tollgate` subcommands: `models init-tiny` writes a random-weight model
-(`engine.tools.tiny`); `engine generate` runs one prompt through `LLMEngine` in this
+(`engine.tools.tiny`); `models fetch` and `models list` download known models into the
+cache and show it (`engine.tools.fetch`, `engine.tools.model_list`); `engine generate` runs one prompt through `LLMEngine` in this
 process, without the services."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from engine.config import KV_DTYPES, QUANTIZATIONS
@@ -39,6 +42,26 @@ def _register_models(subparsers: Any) -> None:
     init.add_argument("--architecture", choices=["llama", "qwen2"], default="llama")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=_init_tiny)
+    _register_fetch(commands)
+
+
+def _register_fetch(commands: Any) -> None:
+    from engine.tools.registry import KNOWN_MODELS
+
+    fetch = commands.add_parser(
+        "fetch", help="download a known model and convert it to a Hugging Face directory"
+    )
+    fetch.add_argument("name", choices=sorted(KNOWN_MODELS), help="the model (see models list)")
+    fetch.add_argument(
+        "--dir", type=Path, default=None, help="where to write it (default: the model cache)"
+    )
+    fetch.set_defaults(func=_fetch)
+    listing = commands.add_parser("list", help="the models that can be fetched and those cached")
+    listing.add_argument(
+        "--dir", type=Path, default=None, help="the cache (default: the model cache)"
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+    listing.set_defaults(func=_list)
 
 
 def _register_engine(subparsers: Any) -> None:
@@ -95,6 +118,36 @@ def _init_tiny(args: argparse.Namespace) -> int:
         architecture=args.architecture,
     )
     print(path)
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from engine.tools.fetch import FetchError, fetch_model
+    from engine.tools.registry import KNOWN_MODELS, model_cache
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        path = fetch_model(
+            KNOWN_MODELS[args.name],
+            args.dir or model_cache(),
+            index=os.environ.get("TOLLGATE_MODEL_INDEX"),
+            progress=progress,
+        )
+    except (FetchError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from engine.tools.model_list import listing_json, listing_text
+    from engine.tools.registry import KNOWN_MODELS, model_cache
+
+    render = listing_json if args.json else listing_text
+    print(render(args.dir or model_cache(), KNOWN_MODELS))
     return 0
 
 
