@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,11 @@ def _register_engine(subparsers: Any) -> None:
     engine.set_defaults(func=lambda args: _usage(engine))
     commands = engine.add_subparsers(dest="engine_command", metavar="COMMAND")
     gen = commands.add_parser("generate", help="generate a completion for one prompt")
-    gen.add_argument("--model", required=True, help="Hugging Face model directory")
+    gen.add_argument(
+        "--model",
+        required=True,
+        help="a Hugging Face model directory, a .gguf file or a known model (models list)",
+    )
     gen.add_argument("--prompt", required=True)
     gen.add_argument(
         "--chat", action="store_true", help="wrap the prompt as a user message in the chat template"
@@ -95,6 +98,10 @@ def _register_engine(subparsers: Any) -> None:
         "--json", action="store_true", help='print {"token_ids": [...], "text": "..."}'
     )
     gen.set_defaults(func=_generate)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -123,17 +130,14 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 def _fetch(args: argparse.Namespace) -> int:
     from engine.tools.fetch import FetchError, fetch_model
-    from engine.tools.registry import KNOWN_MODELS, model_cache
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+    from engine.tools.registry import KNOWN_MODELS, model_cache, model_index
 
     try:
         path = fetch_model(
             KNOWN_MODELS[args.name],
             args.dir or model_cache(),
-            index=os.environ.get("TOLLGATE_MODEL_INDEX"),
-            progress=progress,
+            index=model_index(),
+            progress=_progress,
         )
     except (FetchError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -156,9 +160,11 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.llm_engine import LLMEngine
     from engine.loader import load_model_config, load_tokenizer
     from engine.sampling import SamplingParams
+    from engine.tools.fetch import FetchError, resolve_model
 
     try:
-        tokenizer = load_tokenizer(args.model, load_model_config(args.model))
+        _, model_dir = resolve_model(args.model, progress=_progress)
+        tokenizer = load_tokenizer(model_dir, load_model_config(model_dir))
         if args.chat:
             prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
         else:
@@ -182,9 +188,9 @@ def _generate(args: argparse.Namespace) -> int:
             quantization=None if args.quantization == "none" else args.quantization,
             kv_dtype=args.kv_dtype,
         )
-        engine = LLMEngine.from_model_dir(args.model, config)
+        engine = LLMEngine.from_model_dir(model_dir, config)
         engine.add_request("cli", prompt, params)
-    except EngineError as exc:
+    except (EngineError, FetchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     token_ids: list[int] = []

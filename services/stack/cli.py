@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from engine.errors import EngineError
+from engine.tools.fetch import FetchError, resolve_model
 from services.core.db import open_db
 from services.core.telemetry import configure_logging
 from services.stack.bootstrap import demo_key
@@ -35,8 +37,10 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument(
         "--model",
-        type=Path,
-        help="a Hugging Face model directory (default: a generated tiny model)",
+        default=DEMO_MODEL,
+        help=f"a Hugging Face model directory, a .gguf file, a known model such as"
+        f" smollm2-135m-instruct (fetched on first use; see `tollgate models list`), or"
+        f" {DEMO_MODEL} (default: a generated model with random weights)",
     )
     up.add_argument(
         "--model-name", default=None, help="the name clients use (default: the directory's name)"
@@ -51,8 +55,9 @@ def register(subparsers: Any) -> None:
 
 
 def ensure_model(args: argparse.Namespace, data_dir: Path) -> tuple[str, Path]:
-    if args.model is not None:
-        return args.model_name or args.model.name, args.model.resolve()
+    if args.model != DEMO_MODEL:
+        name, model_dir = resolve_model(args.model, progress=lambda line: log.info(line))
+        return args.model_name or name, model_dir
     model_dir = data_dir / "models" / DEMO_MODEL
     if not (model_dir / "config.json").exists():
         from engine.tools.tiny import init_tiny_model
@@ -70,8 +75,12 @@ def up_command(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
+        model_name, model_dir = ensure_model(args, data_dir)
+    except (FetchError, EngineError) as exc:
+        log.error("no model to serve", model=args.model, error=str(exc))
+        return 1
+    try:
         with LocalInfra(data_dir / "infra") as endpoints:
-            model_name, model_dir = ensure_model(args, data_dir)
             api_key = asyncio.run(_demo_key(endpoints.database_url))
             config = StackConfig(
                 database_url=endpoints.database_url,
