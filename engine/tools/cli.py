@@ -1,7 +1,8 @@
 """The engine's `tollgate` subcommands: `models init-tiny` writes a random-weight model
 (`engine.tools.tiny`); `models fetch` and `models list` download known models into the
-cache and show it (`engine.tools.fetch`, `engine.tools.model_list`); `engine generate` runs one prompt through `LLMEngine` in this
-process, without the services."""
+cache and show it (`engine.tools.fetch`, `engine.tools.model_list`); `models inspect`
+sizes a model's weights and KV cache (`engine.tools.inspect`); `engine generate` runs one
+prompt through `LLMEngine` in this process, without the services."""
 
 from __future__ import annotations
 
@@ -61,6 +62,31 @@ def _register_fetch(commands: Any) -> None:
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
     listing.set_defaults(func=_list)
+    _register_inspect(commands)
+
+
+def _register_inspect(commands: Any) -> None:
+    inspect = commands.add_parser(
+        "inspect", help="a model's architecture, parameters, weight bytes and KV cache needs"
+    )
+    inspect.add_argument(
+        "model", help="a Hugging Face model directory, a .gguf file or a known model"
+    )
+    inspect.add_argument(
+        "--context", type=int, default=None, help="tokens per sequence (default: the model's)"
+    )
+    inspect.add_argument("--concurrency", type=int, default=1, help="sequences at once")
+    inspect.add_argument(
+        "--kv-dtype", choices=KV_DTYPES, default="auto", help="KV cache dtype (auto: the model's)"
+    )
+    inspect.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    budget = inspect.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--kv-blocks", type=int, default=512, help="the pool, in blocks (TOLLGATE_KV_BLOCKS)"
+    )
+    budget.add_argument("--kv-bytes", type=int, default=None, help="the pool, in bytes")
+    inspect.add_argument("--json", action="store_true", help="print one JSON document")
+    inspect.set_defaults(func=_inspect)
 
 
 def _register_engine(subparsers: Any) -> None:
@@ -153,6 +179,66 @@ def _list(args: argparse.Namespace) -> int:
     render = listing_json if args.json else listing_text
     print(render(args.dir or model_cache(), KNOWN_MODELS))
     return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig
+    from engine.loader import load_model_config, resolve_dtype
+    from engine.tools.fetch import FetchError, resolve_model
+    from engine.tools.inspect import (
+        ModelReport,
+        count_parameters,
+        kv_cache_figures,
+        report_json,
+        report_text,
+        weight_bytes,
+    )
+
+    try:
+        name, model_dir = resolve_model(args.model, progress=_progress)
+        config = load_model_config(model_dir)
+        params = count_parameters(_tensor_shapes(model_dir), config.tie_word_embeddings)
+        # "auto" is the dtype the engine runs the model in, not the checkpoint's.
+        kv_dtype = args.kv_dtype
+        if kv_dtype == "auto":
+            kv_dtype = str(resolve_dtype(EngineConfig().dtype, config)).removeprefix("torch.")
+        context = args.context or config.max_position_embeddings
+        _check_positive(context=context, concurrency=args.concurrency, block_size=args.block_size)
+        kv = kv_cache_figures(
+            config,
+            num_tokens=min(context, config.max_position_embeddings),
+            concurrency=args.concurrency,
+            kv_dtype=kv_dtype,
+            block_size=args.block_size,
+            budget_blocks=None if args.kv_bytes is not None else args.kv_blocks,
+            budget_bytes=args.kv_bytes,
+        )
+    except (EngineError, FetchError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    report = ModelReport(name, config, params, weight_bytes(params), kv)
+    print(report_json(report) if args.json else report_text(report))
+    return 0
+
+
+def _tensor_shapes(model_dir: Path) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor's (name, shape), read from the safetensors headers only."""
+    from safetensors import safe_open
+
+    from engine.model_files import weight_files
+
+    shapes = []
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                shapes.append((name, tuple(handle.get_slice(name).get_shape())))
+    return shapes
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, not {value}")
 
 
 def _generate(args: argparse.Namespace) -> int:
