@@ -1,9 +1,12 @@
 """The client commands of `tollgate` against the fake server: parsing, output, exit status."""
 
 import asyncio
+import io
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +71,123 @@ async def test_generate_streams_text_with_the_stack_settings(
     assert request.sampling.max_tokens == 5 and request.sampling.HasField("temperature")
     assert list(request.sampling.stop) == ["x", "y"]
     assert request.priority == 2 and request.until_terminal
+
+
+async def test_generate_sends_chat_turns_in_command_line_order(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = await tollgate(
+        capsys, "generate", "--system", "Be brief.", "--user", "Hi", "--assistant", "Hello!",
+        "--user", "Capital of France?", *stack_args(stack),
+    )  # fmt: skip
+    assert (code, out, err) == (0, "Hello, world\n", "")
+    [(_, request, _)] = fake.gateway.calls
+    assert request.prompt == ""
+    assert turns(request) == [
+        ("system", "Be brief."),
+        ("user", "Hi"),
+        ("assistant", "Hello!"),
+        ("user", "Capital of France?"),
+    ]
+
+
+async def test_generate_takes_a_prompt_or_turns_not_both(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = await tollgate(capsys, "generate", "Hi", "--user", "Hi", *stack_args(stack))
+    assert (code, out) == (2, "")
+    assert err == "error: give a prompt or --system/--user/--assistant turns, not both\n"
+    code, _, err = await tollgate(capsys, "generate", *stack_args(stack))
+    assert code == 2 and "--user" in err
+    assert fake.gateway.calls == []
+
+
+def turns(request: Any) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in request.messages]
+
+
+async def chat(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, stdin: str, *argv: str
+) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    return await tollgate(capsys, "chat", *argv)
+
+
+async def test_chat_sends_the_whole_conversation_each_turn(
+    fake: FakeServer,
+    stack: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, out, err = await chat(capsys, monkeypatch, "Hi\nMore\n", *stack_args(stack))
+    assert (code, out, err) == (0, "Hello, world\nHello, world\n", "")
+    first, second = (request for _, request, _ in fake.gateway.calls)
+    assert turns(first) == [("user", "Hi")] and first.prompt == ""
+    assert turns(second) == [("user", "Hi"), ("assistant", "Hello, world"), ("user", "More")]
+    assert first.model == "tiny-from-stack" and first.until_terminal
+
+
+async def test_chat_ends_at_exit_and_keeps_the_system_message_first(
+    fake: FakeServer,
+    stack: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    argv = ("--system", "Be brief.", "--max-tokens", "7", *stack_args(stack))
+    code, out, _ = await chat(capsys, monkeypatch, "Hi\n/exit\nNot sent\n", *argv)
+    assert (code, out) == (0, "Hello, world\n")
+    [(_, request, _)] = fake.gateway.calls
+    assert turns(request) == [("system", "Be brief."), ("user", "Hi")]
+    assert request.sampling.max_tokens == 7
+
+
+async def test_chat_reports_a_gateway_error_and_goes_on(
+    fake: FakeServer,
+    stack: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake.gateway.generate_error = InvalidArgument([FieldViolation("model", "unknown")])
+    code, out, err = await chat(capsys, monkeypatch, "Hi\nAgain\n", *stack_args(stack))
+    assert (code, out) == (0, "")
+    assert err == "error: INVALID_ARGUMENT: model: unknown\n" * 2
+    # A turn without a reply is left out of the conversation.
+    assert [turns(request) for _, request, _ in fake.gateway.calls] == [
+        [("user", "Hi")],
+        [("user", "Again")],
+    ]
+
+
+class InterruptedOnce(io.TextIOBase):
+    """stdout that raises KeyboardInterrupt at the first streamed text, as Ctrl-C would."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.interrupted = inner, False
+
+    def write(self, text: str) -> int:
+        if text and text != "\n" and not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return int(self.inner.write(text))
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+async def test_ctrl_c_during_a_reply_cancels_that_run_and_the_chat_goes_on(
+    fake: FakeServer,
+    stack: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "stdout", InterruptedOnce(sys.stdout))
+    code, out, _ = await chat(capsys, monkeypatch, "Hi\nAgain\n", *stack_args(stack))
+    assert (code, out) == (0, "\nHello, world\n")
+    methods = [method for method, _, _ in fake.gateway.calls]
+    assert methods == ["Generate", "CancelRun", "Generate"]
+    first_run_id = next(iter(fake.gateway.runs))
+    assert fake.gateway.calls[1][1].run_id == first_run_id
+    assert turns(fake.gateway.calls[2][1]) == [("user", "Again")]
 
 
 async def test_generate_json_prints_one_object_per_event_until_billed(

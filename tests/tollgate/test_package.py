@@ -68,7 +68,15 @@ def test_help_lists_the_operator_commands_without_loading_them() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [("runs", "list"), ("runs", "list", "--help"), ("generate", "Hi", "--model", "tiny")]
+    "argv",
+    [
+        ("runs", "list"),
+        ("runs", "list", "--help"),
+        ("generate", "Hi", "--model", "tiny"),
+        ("generate", "--system", "Be brief.", "--user", "Hi", "--model", "tiny"),
+        ("chat", "--model", "tiny"),
+        ("chat", "--help"),
+    ],
 )
 def test_client_commands_load_no_server_code(argv: tuple[str, ...]) -> None:
     _, loaded = parse_in_fresh_python(*argv)

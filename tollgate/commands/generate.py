@@ -1,13 +1,15 @@
-"""`tollgate generate PROMPT`: run a prompt and stream its text."""
+"""`tollgate generate PROMPT` (or `--system/--user/--assistant` turns): stream a run's text."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from tollgate.client import Client
 from tollgate.commands.connection import CommandError, connection_flags, reports_errors, resolve
 from tollgate.commands.printing import print_stream
+from tollgate.types import ChatMessage
 
 
 def register(subparsers: Any) -> None:
@@ -15,9 +17,14 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "generate",
         parents=[connection_flags()],
-        help="generate text for a prompt, streamed as it is produced",
+        help="generate text for a prompt or chat turns, streamed as it is produced",
     )
-    parser.add_argument("prompt")
+    parser.add_argument("prompt", nargs="?", help="raw text to complete (or give chat turns)")
+    turns = parser.add_argument_group("chat turns (the model's chat template is applied)")
+    for role, text in TURN_FLAGS.items():
+        turns.add_argument(
+            f"--{role}", dest="messages", action=TurnAction, metavar="TEXT", help=text
+        )
     parser.add_argument("--model", help="model name (default: the stack's model)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float)
@@ -38,8 +45,41 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=generate_command)
 
 
+TURN_FLAGS = {
+    "system": "the system message",
+    "user": "a user turn (repeatable; turns keep their command-line order)",
+    "assistant": "an earlier assistant turn (repeatable)",
+}
+
+
+class TurnAction(argparse.Action):
+    """Appends (role, text) to `messages`, so that turns keep their command-line order."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        role = (option_string or "").removeprefix("--")
+        turns = list(getattr(namespace, self.dest, None) or [])
+        turns.append(ChatMessage(role=role, content=str(values)))
+        setattr(namespace, self.dest, turns)
+
+
+def prompt_or_messages(args: argparse.Namespace) -> tuple[str | None, list[ChatMessage] | None]:
+    """The raw prompt or the chat turns: exactly one of them."""
+    if args.prompt is not None and args.messages:
+        raise CommandError("give a prompt or --system/--user/--assistant turns, not both")
+    if args.prompt is None and not args.messages:
+        raise CommandError("give a prompt or --system/--user/--assistant turns")
+    return args.prompt, args.messages or None
+
+
 @reports_errors
 def generate_command(args: argparse.Namespace) -> int:
+    prompt, messages = prompt_or_messages(args)
     connection = resolve(args)
     model = args.model or connection.model
     if not model:
@@ -50,7 +90,8 @@ def generate_command(args: argparse.Namespace) -> int:
         timeout=connection.timeout,
     ) as client:
         stream = client.generate(
-            args.prompt,
+            prompt,
+            messages=messages,
             model=model,
             max_tokens=args.max_tokens,
             temperature=args.temperature,
