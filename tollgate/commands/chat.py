@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tollgate.client import Client
-from tollgate.commands.connection import CommandError, connection_flags, reports_errors, resolve
+from tollgate.commands.connection import (
+    connection_flags,
+    model_flags,
+    reports_errors,
+    resolve,
+    tenant_client,
+)
 from tollgate.commands.printing import print_stream
 from tollgate.errors import TollgateError
 from tollgate.types import ChatMessage
@@ -32,29 +38,19 @@ def register(subparsers: Any) -> None:
     """Adds `chat` to the `tollgate` command line."""
     parser = subparsers.add_parser(
         "chat",
-        parents=[connection_flags()],
+        parents=[connection_flags(), model_flags()],
         help="chat with the stack's model in the terminal (EOF or /exit ends it)",
     )
     parser.add_argument("--system", metavar="TEXT", help="the system message")
-    parser.add_argument("--model", help="model name (default: the stack's model)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="per reply (default: 256)")
-    parser.add_argument("--temperature", type=float)
     parser.set_defaults(func=chat_command)
 
 
 @reports_errors
 def chat_command(args: argparse.Namespace) -> int:
     connection = resolve(args)
-    model = args.model or connection.model
-    if not model:
-        raise CommandError("no model: pass --model or start the stack with `tollgate up`")
-    settings = ChatSettings(model, args.max_tokens, args.temperature)
+    settings = ChatSettings(connection.require_model(args.model), args.max_tokens, args.temperature)
     conversation = [ChatMessage("system", args.system)] if args.system else []
-    with Client(
-        connection.require_gateway(),
-        connection.require_api_key(),
-        timeout=connection.timeout,
-    ) as client:
+    with tenant_client(connection) as client:
         converse(client, settings, conversation)
     return 0
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tollgate.client import Client
 from tollgate.errors import TollgateError
 
 DEFAULT_STACK_FILE = Path(".tollgate/stack/stack.json")
@@ -67,6 +68,13 @@ class Connection:
             )
         return self.kafka_bootstrap
 
+    def require_model(self, flag: str | None) -> str:
+        """The model the flag names, else the stack's."""
+        model = flag or self.model
+        if not model:
+            raise CommandError(f"no model: pass --model or {NO_STACK_HINT}")
+        return model
+
     def ledger_address(self) -> str:
         return self.ledger or self.require_gateway()
 
@@ -90,6 +98,24 @@ def connection_flags(*, request_timeout: bool = True) -> argparse.ArgumentParser
         group.add_argument(
             "--timeout", type=float, default=30.0, help="seconds per request (default: 30)"
         )
+    return parent
+
+
+def tenant_client(connection: Connection) -> Client:
+    """A gateway client with the tenant's API key."""
+    return Client(
+        connection.require_gateway(), connection.require_api_key(), timeout=connection.timeout
+    )
+
+
+def model_flags() -> argparse.ArgumentParser:
+    """A parent parser with the flags that pick the model and bound a reply."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--model", help="model name (default: the stack's model)")
+    parent.add_argument(
+        "--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)"
+    )
+    parent.add_argument("--temperature", type=float)
     return parent
 
 

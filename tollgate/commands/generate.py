@@ -6,8 +6,14 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from tollgate.client import Client
-from tollgate.commands.connection import CommandError, connection_flags, reports_errors, resolve
+from tollgate.commands.connection import (
+    CommandError,
+    connection_flags,
+    model_flags,
+    reports_errors,
+    resolve,
+    tenant_client,
+)
 from tollgate.commands.printing import print_stream
 from tollgate.types import ChatMessage
 
@@ -16,7 +22,7 @@ def register(subparsers: Any) -> None:
     """Adds `generate` to the `tollgate` command line."""
     parser = subparsers.add_parser(
         "generate",
-        parents=[connection_flags()],
+        parents=[connection_flags(), model_flags()],
         help="generate text for a prompt or chat turns, streamed as it is produced",
     )
     parser.add_argument("prompt", nargs="?", help="raw text to complete (or give chat turns)")
@@ -25,9 +31,6 @@ def register(subparsers: Any) -> None:
         turns.add_argument(
             f"--{role}", dest="messages", action=TurnAction, metavar="TEXT", help=text
         )
-    parser.add_argument("--model", help="model name (default: the stack's model)")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
@@ -81,14 +84,8 @@ def prompt_or_messages(args: argparse.Namespace) -> tuple[str | None, list[ChatM
 def generate_command(args: argparse.Namespace) -> int:
     prompt, messages = prompt_or_messages(args)
     connection = resolve(args)
-    model = args.model or connection.model
-    if not model:
-        raise CommandError("no model: pass --model or start the stack with `tollgate up`")
-    with Client(
-        connection.require_gateway(),
-        connection.require_api_key(),
-        timeout=connection.timeout,
-    ) as client:
+    model = connection.require_model(args.model)
+    with tenant_client(connection) as client:
         stream = client.generate(
             prompt,
             messages=messages,

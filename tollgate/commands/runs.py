@@ -7,7 +7,7 @@ import itertools
 from typing import Any
 
 from tollgate.client import Client
-from tollgate.commands.connection import connection_flags, reports_errors, resolve
+from tollgate.commands.connection import connection_flags, reports_errors, resolve, tenant_client
 from tollgate.commands.output import json_line, key_values, plain, run_fields, runs_table
 from tollgate.commands.printing import print_stream
 
@@ -42,10 +42,7 @@ def register(subparsers: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    connection = resolve(args)
-    return Client(
-        connection.require_gateway(), connection.require_api_key(), timeout=connection.timeout
-    )
+    return tenant_client(resolve(args))
 
 
 @reports_errors
