@@ -49,6 +49,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """Keys and values of every layer for one token, at `element_size` bytes each."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:

@@ -18,8 +18,7 @@ from engine.sequence import Sequence
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    element = torch.empty(0, dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * block_size * element
+    return config.kv_bytes_per_token(dtype.itemsize) * block_size
 
 
 class ModelRunner:

@@ -124,11 +124,6 @@ def weight_bytes(params: ParameterCounts) -> tuple[WeightBytes, ...]:
     return tuple(WeightBytes(q, size, size / max(1, params.total)) for q, size in sizes)
 
 
-def kv_bytes_per_token(config: ModelConfig, kv_dtype: str) -> int:
-    """Keys and values of every layer for one token."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * DTYPE_BYTES[kv_dtype]
-
-
 def kv_cache_figures(
     config: ModelConfig,
     *,
@@ -141,7 +136,7 @@ def kv_cache_figures(
 ) -> KVCacheFigures:
     """`kv_dtype` is resolved (no "auto"); the budget is blocks, else bytes (as LLMEngine
     sizes its pool: at least one block), else none."""
-    per_token = kv_bytes_per_token(config, kv_dtype)
+    per_token = config.kv_bytes_per_token(DTYPE_BYTES[kv_dtype])
     per_block = per_token * block_size
     # RequestLimits.blocks_needed: a sequence holds whole blocks.
     blocks_per_seq = -(-num_tokens // block_size)
