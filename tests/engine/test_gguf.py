@@ -11,7 +11,7 @@ import torch
 from gguf import GGUFWriter
 
 from engine.errors import ModelLoadError
-from engine.gguf import convert, converted_dir, unpermute_rotary
+from engine.gguf import convert, unpermute_rotary
 from engine.loader import load_model, load_model_config, load_tokenizer
 from tests.engine.gguf_files import llama_cpp_permute, write_gguf
 from tests.engine.helpers import paged_logits
@@ -82,13 +82,3 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
     (tmp_path / "x.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
         convert(tmp_path / "x.gguf", tmp_path / "out")
-
-
-def test_a_gguf_file_is_converted_once_into_the_cache(tiny_model_dir: Path, tmp_path: Path) -> None:
-    path = write_gguf(tiny_model_dir, tmp_path / "tiny.gguf")
-    first = converted_dir(path, tmp_path / "cache")
-    (first / "marker").write_text("kept")
-    assert converted_dir(path, tmp_path / "cache") == first
-    assert (first / "marker").read_text() == "kept"
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no scratch left
-    assert torch.equal(logits_of(first, [3, 4, 5]), logits_of(tiny_model_dir, [3, 4, 5]))

