@@ -10,6 +10,8 @@ import structlog
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
+from services.admission.http_app import create_app
+from services.admission.http_server import HttpServer
 from services.admission.requests import Limits
 from services.admission.scheduler_client import QueueDepth, SchedulerClient
 from services.admission.servicer import AdminServicer, GatewayServicer
@@ -39,6 +41,7 @@ class AdmissionSettings:
     models: dict[str, str]
     admin_token: str
     scheduler_address: str
+    http_listen: str
     config: GatewayConfig
 
     @classmethod
@@ -53,12 +56,19 @@ class AdmissionSettings:
             models=env_map("TOLLGATE_MODELS"),
             admin_token=env_str("TOLLGATE_ADMIN_TOKEN", ""),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
+            http_listen=_http_listen(),
             config=GatewayConfig(
                 limits=limits,
                 block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
                 max_queue_depth=env_int("TOLLGATE_MAX_QUEUE_DEPTH", 10_000),
             ),
         )
+
+
+def _http_listen() -> str:
+    """Where the HTTP front door listens; `off` (or nothing) serves gRPC only."""
+    listen = env_str("TOLLGATE_HTTP_LISTEN", "127.0.0.1:8080")
+    return "" if listen.lower() == "off" else listen
 
 
 async def main(settings: AdmissionSettings) -> None:
@@ -91,11 +101,25 @@ async def main(settings: AdmissionSettings) -> None:
         )
 
     server, port, health = create_server(settings.common.listen, add_servicers)
+    http = HttpServer(create_app(gateway), settings.http_listen) if settings.http_listen else None
+    endpoints = {"http": http.url} if http is not None else {}
+    if http is not None:
+        background.append(http.run())
     metrics_port = start_metrics(settings.common.metrics_port)
     address = bound_address(settings.common.listen, port)
-    log.info("serving", address=address, metrics_port=metrics_port, models=catalog.names())
+    log.info(
+        "serving", address=address, metrics_port=metrics_port, models=catalog.names(), **endpoints
+    )
     try:
-        await serve(server, health, SERVICES, background, address=address)
+        await serve(
+            server,
+            health,
+            SERVICES,
+            background,
+            address=address,
+            endpoints=endpoints,
+            before_stop=http.stop if http is not None else None,
+        )
     finally:
         await gateway.aclose()
         if scheduler is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -44,9 +44,11 @@ def bound_address(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def announce(address: str) -> None:
-    """Tells the launcher the bound address: it reads this line when the port was 0."""
-    print(f"READY {address}", flush=True)
+def announce(address: str, endpoints: Mapping[str, str] | None = None) -> None:
+    """Tells the launcher the bound address, and any other `endpoints` (name → URL): it
+    reads this line when the port was 0."""
+    extra = "".join(f" {name}={url}" for name, url in (endpoints or {}).items())
+    print(f"READY {address}{extra}", flush=True)
 
 
 def create_server(
@@ -106,14 +108,15 @@ async def serve(
     grace: float = 5.0,
     before_stop: Callable[[], Awaitable[None]] | None = None,
     address: str | None = None,
+    endpoints: Mapping[str, str] | None = None,
 ) -> None:
     """Runs until SIGTERM/SIGINT, then drains: not serving, stop with grace, cancel tasks.
 
-    `address`, when given, is announced once the server serves."""
+    `address`, when given, is announced once the server serves, with `endpoints`."""
     await server.start()
     await set_serving(health_servicer, services, True)
     if address is not None:
-        announce(address)
+        announce(address, endpoints)
     log.info("running", event_loop=loop.running_loop_name())
     tasks = [asyncio.ensure_future(job) for job in background]
     signalled = asyncio.ensure_future(wait_for_signal())

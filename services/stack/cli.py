@@ -51,6 +51,12 @@ def register(subparsers: Any) -> None:
     up.add_argument(
         "--port", type=int, default=50051, help="gateway port (default: 50051, 0 = any free port)"
     )
+    up.add_argument(
+        "--http-port",
+        type=int,
+        default=8080,
+        help="port of the OpenAI-compatible HTTP API (default: 8080, 0 = any free port)",
+    )
     up.set_defaults(func=up_command)
 
 
@@ -90,12 +96,14 @@ def up_command(args: argparse.Namespace) -> int:
                 admin_token=secrets.token_urlsafe(24),
                 num_kv_blocks=args.kv_blocks,
                 gateway_listen=f"127.0.0.1:{args.port}",
+                http_listen=f"127.0.0.1:{args.http_port}",
             )
             services = Services(config, data_dir / "logs")
             try:
                 processes = services.start()
                 stack = {
                     "gateway": processes["admission"].address,
+                    "http": processes["admission"].endpoints["http"],
                     "admin_token": config.admin_token,
                     "api_key": api_key,
                     "database_url": config.database_url,

@@ -70,6 +70,7 @@ class StackConfig:
     num_kv_blocks: int = 512
     disconnect_grace: float = 30.0
     gateway_listen: str = "127.0.0.1:0"
+    http_listen: str = "127.0.0.1:0"
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -82,6 +83,7 @@ class ServiceProcess:
         self.env = dict(env)
         self.log_path = log_path
         self.address = ""
+        self.endpoints: dict[str, str] = {}
         self.metrics_port = int(self.env.get("TOLLGATE_METRICS_PORT", "-1"))
         self.process: subprocess.Popen[str] | None = None
 
@@ -106,7 +108,8 @@ class ServiceProcess:
             )
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
-        """Waits for the READY line and returns the address it names."""
+        """Waits for the READY line and returns the address it names; the other endpoints
+        it names (`http=URL`) go to `endpoints`."""
         assert self.process is not None and self.process.stdout is not None
         lines: queue.Queue[str] = queue.Queue()
         stdout = self.process.stdout
@@ -120,8 +123,11 @@ class ServiceProcess:
             while True:
                 line = lines.get(timeout=timeout)
                 if line.startswith("READY "):
-                    self.address = line.split()[1]
-                    log.info(f"{self.name} ready", address=self.address, pid=self.pid)
+                    self.address, *endpoints = line.split()[1:]
+                    self.endpoints = dict(e.partition("=")[::2] for e in endpoints)
+                    log.info(
+                        f"{self.name} ready", address=self.address, pid=self.pid, **self.endpoints
+                    )
                     return self.address
         except queue.Empty:
             status = self.process.poll()
@@ -185,6 +191,7 @@ class Services:
                 {
                     "TOLLGATE_SCHEDULER_ADDRESS": scheduler.address,
                     "TOLLGATE_LISTEN": self.config.gateway_listen,
+                    "TOLLGATE_HTTP_LISTEN": self.config.http_listen,
                     "TOLLGATE_DISCONNECT_GRACE": str(self.config.disconnect_grace),
                 },
             )

@@ -29,6 +29,7 @@ NUM_KV_BLOCKS = 160
 @dataclass
 class Stack:
     gateway: str
+    http: str
     ledger: str
     worker: str
     database_url: str
@@ -103,6 +104,7 @@ def running_stack(
             yield (
                 Stack(
                     gateway=processes["admission"].address,
+                    http=processes["admission"].endpoints["http"],
                     ledger=processes["ledger"].address,
                     worker=processes["worker"].address,
                     database_url=database_url,

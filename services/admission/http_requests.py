@@ -1,0 +1,237 @@
+"""OpenAI-style request bodies, and their translation into admission's `GenerateParams`
+(no I/O).
+
+Unknown fields are ignored, as OpenAI's API does; a field that would change the answer in
+a way Tollgate cannot honour (`logprobs`, `tools`, `response_format` other than text, `n`
+other than 1, ...) is refused with a 400 naming it rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.admission.requests import GenerateParams, Limits, Sampling
+from services.core.errors import FieldViolation, InvalidArgument
+
+# OpenAI's default is the rest of the context; Tollgate reserves KV blocks for the whole
+# answer up front, so an unset max_tokens must be a modest number.
+DEFAULT_MAX_TOKENS = 512
+MAX_SEED = 2**64 - 1
+IDEMPOTENCY_HEADER = "idempotency-key"
+GRACE_HEADER = "x-tollgate-disconnect-grace"
+# OpenAI's role for system instructions to reasoning models; the chat templates know "system".
+ROLE_ALIASES = {"developer": "system"}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = Field(
+        default=None, description='text, or a list of `{"type": "text", "text": ...}` parts'
+    )
+
+
+class _Common(BaseModel):
+    """Fields both completion endpoints take."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # Beyond OpenAI's fields, as vLLM's server takes them.
+    top_k: int | None = None
+    ignore_eos: bool = False
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def chat_params(
+    body: ChatCompletionRequest, headers: Mapping[str, str], limits: Limits
+) -> GenerateParams:
+    """Raises InvalidArgument naming OpenAI's parameter."""
+    violations = [*_common_violations(body), *_chat_violations(body)]
+    messages = []
+    for i, message in enumerate(body.messages):
+        text = _message_text(message.content)
+        if text is None:
+            violations.append(
+                FieldViolation(f"messages[{i}].content", "only text content parts are supported")
+            )
+        messages.append((ROLE_ALIASES.get(message.role, message.role), text or ""))
+    if violations:
+        raise InvalidArgument(violations)
+    max_tokens = (
+        body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
+    )
+    return _params(body, headers, limits, max_tokens, messages=tuple(messages))
+
+
+def completion_params(
+    body: CompletionRequest, headers: Mapping[str, str], limits: Limits
+) -> GenerateParams:
+    """Raises InvalidArgument naming OpenAI's parameter."""
+    violations = [*_common_violations(body), *_completion_violations(body)]
+    if violations:
+        raise InvalidArgument(violations)
+    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    return _params(body, headers, limits, body.max_tokens, prompt=prompt)
+
+
+def param_names(body: _Common) -> dict[str, str]:
+    """OpenAI's name for each field path admission's validation may report."""
+    names = {
+        "sampling.max_tokens": "max_tokens",
+        "sampling.temperature": "temperature",
+        "sampling.top_p": "top_p",
+        "sampling.seed": "seed",
+        "sampling.top_k": "top_k",
+        "sampling.stop": "stop",
+        "idempotency_key": "Idempotency-Key",
+        "disconnect_grace": GRACE_HEADER,
+    }
+    if isinstance(body, ChatCompletionRequest):
+        names["prompt"] = "messages"
+        if body.max_completion_tokens is not None:
+            names["sampling.max_tokens"] = "max_completion_tokens"
+    return names
+
+
+def _params(
+    body: _Common,
+    headers: Mapping[str, str],
+    limits: Limits,
+    max_tokens: int | None,
+    *,
+    prompt: str = "",
+    messages: tuple[tuple[str, str], ...] = (),
+) -> GenerateParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return GenerateParams(
+        model=body.model,
+        prompt=prompt,
+        messages=messages,
+        sampling=Sampling(
+            max_tokens=min(DEFAULT_MAX_TOKENS, limits.max_tokens)
+            if max_tokens is None
+            else max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=stop,
+            top_k=body.top_k,
+            ignore_eos=body.ignore_eos,
+        ),
+        priority="interactive",
+        idempotency_key=headers.get(IDEMPOTENCY_HEADER, ""),
+        disconnect_grace=_grace(headers, limits),
+        until_terminal=True,
+    )
+
+
+def _grace(headers: Mapping[str, str], limits: Limits) -> float:
+    raw = headers.get(GRACE_HEADER)
+    if raw is None:
+        return limits.default_disconnect_grace
+    try:
+        grace = float(raw)
+    except ValueError:
+        grace = math.nan
+    if not math.isfinite(grace):
+        raise InvalidArgument([FieldViolation(GRACE_HEADER, "must be a number of seconds")])
+    return grace
+
+
+def _message_text(content: str | list[dict[str, Any]] | None) -> str | None:
+    """The text of a message, or None when it has parts other than text."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        text = part.get("text")
+        if part.get("type") != "text" or not isinstance(text, str):
+            return None
+        texts.append(text)
+    return "".join(texts)
+
+
+def _unsupported(name: str, why: str = "is not supported") -> FieldViolation:
+    return FieldViolation(name, why)
+
+
+def _common_violations(body: _Common) -> list[FieldViolation]:
+    found = []
+    if body.n not in (None, 1):
+        found.append(_unsupported("n", "only n=1 is supported"))
+    if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
+        found.append(FieldViolation("seed", f"must be between 0 and {MAX_SEED}"))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            found.append(_unsupported(name))
+    if body.logit_bias:
+        found.append(_unsupported("logit_bias"))
+    return found
+
+
+def _chat_violations(body: ChatCompletionRequest) -> list[FieldViolation]:
+    found = []
+    if body.logprobs or body.top_logprobs:
+        found.append(_unsupported("logprobs" if body.logprobs else "top_logprobs"))
+    if body.tools:
+        found.append(_unsupported("tools"))
+    if body.tool_choice not in (None, "none", "auto"):
+        found.append(_unsupported("tool_choice"))
+    if body.response_format and body.response_format.get("type") != "text":
+        found.append(_unsupported("response_format", "only the text response format is supported"))
+    if not body.messages:
+        found.append(FieldViolation("messages", "must not be empty"))
+    return found
+
+
+def _completion_violations(body: CompletionRequest) -> list[FieldViolation]:
+    found = []
+    if isinstance(body.prompt, list) and len(body.prompt) != 1:
+        found.append(FieldViolation("prompt", "give one prompt (a string)"))
+    if body.logprobs is not None:
+        found.append(_unsupported("logprobs"))
+    if body.echo:
+        found.append(_unsupported("echo"))
+    if body.suffix:
+        found.append(_unsupported("suffix"))
+    if body.best_of not in (None, 1):
+        found.append(_unsupported("best_of", "only best_of=1 is supported"))
+    return found
