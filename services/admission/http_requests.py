@@ -43,7 +43,8 @@ class ChatMessage(BaseModel):
 class _Common(BaseModel):
     """Fields both completion endpoints take."""
 
-    model_config = ConfigDict(extra="allow")
+    # JSON has no infinities; Python's parser reads 1e999 as one.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
