@@ -1,6 +1,7 @@
 """The whole stack against the same engine in-process: throughput and added TTFT.
 
     python -m bench.stack [--model 56m|tiny] [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
+    python -m bench.stack --front http [...]   # the HTTP front door against gRPC (bench.stack_http)
 
 Generates a random Llama (by default bench.engine's 56M-parameter one; `--model tiny`
 is a 4-layer model whose steps cost little more than the engine's Python, so the
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import logs_to_stderr, progress
+from bench.stack_http import report_fronts, run_fronts
 from bench.stack_sides import (
     SideResult,
     StackWorkload,
@@ -131,7 +133,7 @@ def report(
 
 
 def check_tokens(side: SideResult, work: StackWorkload) -> None:
-    counts = {len(t.token_ids) for t in side.timings}
+    counts = {t.num_tokens for t in side.timings}
     if counts != {work.max_tokens}:
         raise RuntimeError(f"{side.name}: output lengths {sorted(counts)}, not {work.max_tokens}")
 
@@ -139,6 +141,8 @@ def check_tokens(side: SideResult, work: StackWorkload) -> None:
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     progress(f"generating the {args.model} model")
     model_dir = init_tiny_model(scratch / "model", **MODEL_SHAPES[args.model])
+    if args.front == "http":
+        return bench_fronts(args, scratch, model_dir)
     work = make_stack_workload(
         Tokenizer.from_model_dir(model_dir),
         args.concurrency,
@@ -156,12 +160,32 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     gc.collect()  # the engine's weights and KV cache go before the services load theirs
     log_dir = args.logs or scratch / "logs"
     progress(f"starting the stack (logs in {log_dir})")
-    with running_stack(scratch, model_dir, args, log_dir) as (gateway, api_key):
+    with running_stack(scratch, model_dir, args, log_dir) as running:
         progress(f"stack: {args.concurrency} streams of {args.max_tokens} tokens{waves}")
-        stack = asyncio.run(asyncio.wait_for(run_stack(gateway, api_key, work), args.timeout))
+        stack = asyncio.run(
+            asyncio.wait_for(run_stack(running.gateway, running.api_key, work), args.timeout)
+        )
     check_tokens(stack, work)
     progress(f"stack: {stack.tokens_per_second:,.1f} output tokens/s")
     return report(args.model, work, local, stack, config)
+
+
+def bench_fronts(args: argparse.Namespace, scratch: Path, model_dir: Path) -> dict[str, Any]:
+    """The same stack through gRPC and through HTTP (`bench.stack_http`)."""
+    tokenizer = Tokenizer.from_model_dir(model_dir)
+    # Each front gets rounds of its own, so neither is served from the other's prefix cache.
+    work = make_stack_workload(
+        tokenizer, args.concurrency, args.prompt_words, args.max_tokens, args.seed, 2 * args.rounds
+    )
+    ttft = make_stack_workload(tokenizer, 1, args.prompt_words, 1, args.seed + 1, args.ttft_samples)
+    log_dir = args.logs or scratch / "logs"
+    progress(f"starting the stack (logs in {log_dir})")
+    with running_stack(scratch, model_dir, args, log_dir) as running:
+        fronts = run_fronts(running.gateway, running.http, running.api_key, work, ttft.prompts)
+        grpc, http, grpc_ttft, http_ttft = asyncio.run(asyncio.wait_for(fronts, args.timeout))
+    for side in (grpc, http):
+        check_tokens(side, work)
+    return report_fronts(work, grpc, http, grpc_ttft, http_ttft)
 
 
 def parse_args() -> argparse.Namespace:
@@ -183,6 +207,19 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=1,
         help="waves of --concurrency requests, one after another (more samples of TTFT)",
+    )
+    parser.add_argument(
+        "--front",
+        choices=("grpc", "http"),
+        default="grpc",
+        help="grpc (default): the stack through gRPC against the engine in-process; http: the"
+        " stack through its HTTP API against the same stack through gRPC",
+    )
+    parser.add_argument(
+        "--ttft-samples",
+        type=int,
+        default=40,
+        help="--front http: requests at one stream, the fronts alternating (default 40)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side, all rounds")

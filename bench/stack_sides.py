@@ -77,7 +77,8 @@ class RequestTiming:
     first_token: float = 0.0
     finished: float = 0.0
     billed: float = 0.0
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # where the front tells them
+    num_tokens: int = 0
 
     @property
     def ttft_ms(self) -> float:
@@ -96,7 +97,7 @@ class SideResult:
 
     @property
     def output_tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.timings)
+        return sum(t.num_tokens for t in self.timings)
 
     @property
     def seconds(self) -> float:
@@ -131,6 +132,7 @@ async def inprocess_request(
         if output.new_token_ids and not timing.token_ids:
             timing.first_token = time.perf_counter()
         timing.token_ids.extend(output.new_token_ids)
+        timing.num_tokens = len(timing.token_ids)
         if output.finished:
             timing.finished = timing.billed = time.perf_counter()
     return timing
@@ -169,6 +171,7 @@ async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> Re
             if event.kind == "streaming" and event.token_ids and not timing.token_ids:
                 timing.first_token = time.perf_counter()
             timing.token_ids.extend(event.token_ids if event.kind == "streaming" else ())
+            timing.num_tokens = len(timing.token_ids)
             if event.kind == "completed":
                 timing.finished = time.perf_counter()
             elif event.kind == "billed":
@@ -217,11 +220,18 @@ def tenant_key(admission: str, admin_token: str) -> str:
         return admin.create_api_key(tenant.tenant_id).secret
 
 
+@dataclass(frozen=True, slots=True)
+class RunningStack:
+    gateway: str
+    http: str
+    api_key: str
+
+
 @contextmanager
 def running_stack(
     scratch: Path, model_dir: Path, args: argparse.Namespace, log_dir: Path
-) -> Iterator[tuple[str, str]]:
-    """Infra and the four services; yields the gateway address and a tenant's key.
+) -> Iterator[RunningStack]:
+    """Infra and the four services; yields their addresses and a tenant's key.
 
     Everything started here is stopped on the way out, whatever ends the run.
     """
@@ -244,8 +254,9 @@ def running_stack(
         services = Services(config, log_dir)
         try:
             processes = services.start()
-            gateway = processes["admission"].address
-            yield gateway, tenant_key(gateway, admin_token)
+            admission = processes["admission"]
+            key = tenant_key(admission.address, admin_token)
+            yield RunningStack(admission.address, admission.endpoints["http"], key)
         except Exception:
             for process in services.processes.values():
                 progress(f"--- {process.name} log tail ---\n{process.log_tail()}")

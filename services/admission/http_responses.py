@@ -133,8 +133,9 @@ class Completion:
                 return []
             return [sse_frame(self._chunk({"role": "assistant", "content": ""}), seq)]
         if event.kind == RunState.STREAMING:
+            # Even without text (a character still incomplete), so that its seq is seen.
             text = event.payload.get("text", "")
-            return [sse_frame(self._chunk({"content": text}, text=text), seq)] if text else []
+            return [sse_frame(self._chunk({"content": text}, text=text), seq)]
         if event.kind == RunState.COMPLETED:
             frames = [sse_frame(self._chunk({}, finish_reason=self.finish_reason), seq)]
             if self.include_usage:

@@ -1,0 +1,168 @@
+"""`bench.stack --front http`: the same stack driven through its HTTP front door and
+through gRPC, in one run: throughput at the workload's concurrency, and TTFT at one
+stream, the two fronts' requests interleaved so that drift of the machine falls on both.
+
+The HTTP client is a bare asyncio one (a socket, chunked transfer decoding, SSE
+framing), so what it measures is the server's cost rather than a client library's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.cpu import CpuWindow
+from bench.report import percentile, progress
+from bench.stack_sides import (
+    MODEL_NAME,
+    RequestTiming,
+    SideResult,
+    StackWorkload,
+    stack_request,
+    warm_up,
+)
+from tollgate import AsyncClient
+
+THROUGHPUT_TARGET = 0.95
+ADDED_TTFT_P50_TARGET_MS = 2.0
+TTFT_TOKENS = 4
+
+
+async def sse_post(url: str, path: str, body: dict[str, Any], api_key: str) -> AsyncIterator[str]:
+    """The `data:` payloads of the server-sent events a POST answers with."""
+    address = urlsplit(url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {address.netloc}\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {api_key}\r\ncontent-length: {len(payload)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+    try:
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"HTTP {status.decode().strip()}: {await reader.read()!r}")
+        while (await reader.readline()).strip():
+            pass  # the headers: the body is chunked
+        buffer = b""
+        async for chunk in _chunks(reader):
+            buffer += chunk
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data: "):
+                        yield line[6:].decode()
+    finally:
+        writer.close()
+
+
+async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    while True:
+        size = int((await reader.readline()).strip(), 16)
+        if size == 0:
+            return
+        yield await reader.readexactly(size)
+        await reader.readexactly(2)  # the chunk's CRLF
+
+
+async def http_request(url: str, api_key: str, prompt: str, max_tokens: int) -> RequestTiming:
+    timing = RequestTiming(time.perf_counter())
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async for data in sse_post(url, "/v1/completions", body, api_key):
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(f"run failed: {chunk['error']}")
+        if chunk["choices"] and not timing.first_token:
+            timing.first_token = time.perf_counter()
+        if chunk.get("usage"):
+            timing.finished = time.perf_counter()
+            timing.num_tokens = chunk["usage"]["completion_tokens"]
+    if not timing.finished:
+        raise RuntimeError("the stream ended before its usage chunk")
+    return timing
+
+
+async def run_fronts(
+    gateway: str, url: str, api_key: str, work: StackWorkload, ttft_prompts: list[str]
+) -> tuple[SideResult, SideResult, list[float], list[float]]:
+    """Both fronts' workload results, then each front's TTFTs at one stream (ms)."""
+    async with AsyncClient(gateway, api_key) as client:
+        await warm_up(client, work.prompts[0][:24])
+        sides = []
+        for name, half in (("grpc", 0), ("http", 1)):
+            waves = work.waves()[half::2]
+            progress(f"{name}: {len(waves)} rounds of {work.concurrency} streams")
+            with CpuWindow() as cpu:
+                rounds = []
+                for wave in waves:
+                    if name == "grpc":
+                        requests = [stack_request(client, work.prompts[i], work.max_tokens) for i in wave]  # fmt: skip
+                    else:
+                        requests = [http_request(url, api_key, work.prompts[i], work.max_tokens) for i in wave]  # fmt: skip
+                    rounds.append(list(await asyncio.gather(*requests)))
+            sides.append(SideResult(name, rounds, cpu))
+        progress(f"TTFT at one stream: {len(ttft_prompts)} requests, the fronts alternating")
+        grpc_ttft, http_ttft = [], []
+        for i, prompt in enumerate(ttft_prompts):
+            if i % 2 == 0:
+                grpc_ttft.append((await stack_request(client, prompt, TTFT_TOKENS)).ttft_ms)
+            else:
+                http_ttft.append((await http_request(url, api_key, prompt, TTFT_TOKENS)).ttft_ms)
+    return sides[0], sides[1], grpc_ttft, http_ttft
+
+
+def report_fronts(
+    work: StackWorkload,
+    grpc: SideResult,
+    http: SideResult,
+    grpc_ttft: list[float],
+    http_ttft: list[float],
+) -> dict[str, Any]:
+    print(
+        f"{'front':<8}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'ttft@1 p50':>12}{'ttft@1 p99':>12}"
+    )
+    for side, ttft in ((grpc, grpc_ttft), (http, http_ttft)):
+        print(
+            f"{side.name:<8}{side.output_tokens:>8}{side.seconds:>9.2f}"
+            f"{side.tokens_per_second:>9.1f}{percentile(ttft, 50):>12.2f}{percentile(ttft, 99):>12.2f}"
+        )
+    ratio = http.tokens_per_second / grpc.tokens_per_second
+    added = percentile(http_ttft, 50) - percentile(grpc_ttft, 50)
+    print(
+        f"http/grpc throughput {ratio:.3f} (target >= {THROUGHPUT_TARGET}); added TTFT p50 at"
+        f" one stream {added:.2f} ms (target <= {ADDED_TTFT_P50_TARGET_MS:.0f})"
+    )
+    for side in (grpc, http):
+        print(f"CPU seconds, {side.name}: {side.cpu.describe()}")
+    return {
+        "front": "http",
+        "concurrency": work.concurrency,
+        "rounds_per_front": len(grpc.rounds),
+        "max_tokens": work.max_tokens,
+        "grpc_tokens_per_s": round(grpc.tokens_per_second, 1),
+        "http_tokens_per_s": round(http.tokens_per_second, 1),
+        "throughput_ratio": round(ratio, 3),
+        "ttft_samples_per_front": len(grpc_ttft),
+        "grpc_ttft_p50_ms": round(percentile(grpc_ttft, 50), 2),
+        "http_ttft_p50_ms": round(percentile(http_ttft, 50), 2),
+        "added_ttft_p50_ms": round(added, 2),
+        "grpc_cpu_s": grpc.cpu.rounded(),
+        "http_cpu_s": http.cpu.rounded(),
+        "meets_throughput_target": ratio >= THROUGHPUT_TARGET,
+        "meets_ttft_target": added <= ADDED_TTFT_P50_TARGET_MS,
+    }

@@ -1,0 +1,235 @@
+"""OpenAI-style bodies into admission's parameters, and run events and API errors into
+OpenAI-style answers: the pure halves of the HTTP front door."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from services.admission.http_requests import (
+    DEFAULT_MAX_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_params,
+    completion_params,
+    param_names,
+)
+from services.admission.http_responses import Completion, http_error, sse_frame
+from services.admission.requests import Limits, validate
+from services.core.errors import (
+    FieldViolation,
+    IdempotencyKeyReused,
+    InvalidArgument,
+    NotFound,
+    QuotaExceeded,
+    Unavailable,
+)
+from services.core.runs import RunState, StoredEvent
+
+LIMITS = Limits(max_tokens=4096, default_disconnect_grace=30.0)
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def chat(headers: dict[str, str] | None = None, **fields: Any) -> Any:
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": CHAT, **fields})
+    return chat_params(body, headers or {}, LIMITS)
+
+
+def refused_param(call: Any) -> str | None:
+    with pytest.raises(InvalidArgument) as refused:
+        call()
+    return refused.value.violations[0].field
+
+
+def test_chat_fields_become_sampling_and_headers_become_key_and_grace() -> None:
+    params = chat(
+        {"idempotency-key": "k1", "x-tollgate-disconnect-grace": "2.5"},
+        max_tokens=9,
+        temperature=0,
+        top_p=0.5,
+        stop="END",
+        seed=7,
+        top_k=3,
+        ignore_eos=True,
+        user="someone",
+        unknown_field={"ignored": True},
+    )
+    assert params.messages == (("user", "hi"),)
+    assert params.sampling.max_tokens == 9 and params.sampling.temperature == 0
+    assert params.sampling.stop == ("END",) and params.sampling.seed == 7
+    assert params.sampling.top_k == 3 and params.sampling.ignore_eos
+    assert params.idempotency_key == "k1" and params.disconnect_grace == 2.5
+    assert params.until_terminal
+
+
+def test_max_completion_tokens_wins_and_an_unset_one_has_a_default() -> None:
+    assert chat(max_tokens=5, max_completion_tokens=6).sampling.max_tokens == 6
+    assert chat().sampling.max_tokens == DEFAULT_MAX_TOKENS
+    assert chat().disconnect_grace == LIMITS.default_disconnect_grace
+
+
+def test_text_parts_are_joined_and_developer_is_system() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    params = chat(messages=[{"role": "developer", "content": parts}])
+    assert params.messages == (("system", "ab"),)
+    image = [{"type": "image_url", "image_url": {"url": "x"}}]
+    assert refused_param(lambda: chat(messages=[{"role": "user", "content": image}])) == (
+        "messages[0].content"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"seed": -1}, "seed"),
+        ({"messages": []}, "messages"),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
+    assert refused_param(lambda: chat(**fields)) == param
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted() -> None:
+    chat(n=1, logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"})
+    chat(presence_penalty=0, frequency_penalty=0.0, logit_bias={})
+
+
+def test_a_malformed_grace_header_is_refused_by_name() -> None:
+    assert refused_param(lambda: chat({"x-tollgate-disconnect-grace": "soon"})) == (
+        "x-tollgate-disconnect-grace"
+    )
+
+
+def test_completion_prompts() -> None:
+    def complete(**fields: Any) -> Any:
+        body = CompletionRequest.model_validate({"model": "m", **fields})
+        return completion_params(body, {}, LIMITS)
+
+    assert complete(prompt="once").prompt == "once"
+    assert complete(prompt=["once"]).prompt == "once"
+    assert refused_param(lambda: complete(prompt=["a", "b"])) == "prompt"
+    assert refused_param(lambda: complete(prompt="a", echo=True)) == "echo"
+    assert refused_param(lambda: complete(prompt="a", best_of=2)) == "best_of"
+    assert refused_param(lambda: complete(prompt="a", logprobs=1)) == "logprobs"
+
+
+def test_json_infinities_are_refused_by_the_body_model() -> None:
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate_json(
+            '{"model": "m", "messages": [], "temperature": 1e999}'
+        )
+
+
+def test_validation_paths_are_named_as_openai_names_them() -> None:
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": CHAT, "max_completion_tokens": 0}
+    )
+    params = chat_params(body, {}, LIMITS)
+    with pytest.raises(InvalidArgument) as refused:
+        validate(params, ["m"], LIMITS)
+    answer = http_error(refused.value, param_names(body))
+    assert answer.status == 400
+    assert answer.body["error"]["param"] == "max_completion_tokens"
+    assert answer.body["error"]["message"].startswith("max_completion_tokens: ")
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "headers"),
+    [
+        (InvalidArgument([FieldViolation("model", "unknown")]), 400, {}),
+        (NotFound("run 'x' not found"), 404, {}),
+        (IdempotencyKeyReused("run_1"), 409, {"x-request-id": "run_1"}),
+        (QuotaExceeded("over", "tenant:t", retry_after=0.2), 429, {"retry-after": "1"}),
+        (Unavailable("queue full", retry_after=2.5), 503, {"retry-after": "3"}),
+    ],
+)
+def test_api_errors_map_to_http_statuses(
+    error: Exception, status: int, headers: dict[str, str]
+) -> None:
+    answer = http_error(error)  # type: ignore[arg-type]
+    assert answer.status == status and answer.headers == headers
+    assert set(answer.body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_an_internal_error_tells_nothing() -> None:
+    from services.core.errors import ApiError
+
+    answer = http_error(ApiError("SELECT secret FROM keys failed"))
+    assert answer.status == 500 and answer.body["error"]["message"] == "internal error"
+
+
+def event(seq: int, kind: RunState, **payload: Any) -> StoredEvent:
+    return StoredEvent("run_1", seq, kind, "ten_1", payload, datetime(2026, 1, 1, tzinfo=UTC))
+
+
+RUN = [
+    event(1, RunState.QUEUED),
+    event(2, RunState.PREFILL),
+    event(3, RunState.STREAMING, text="Hel", token_ids=[1, 2]),
+    event(4, RunState.STREAMING, text="", token_ids=[3]),  # an unfinished character
+    event(5, RunState.STREAMING, text="lo", token_ids=[4]),
+    event(
+        6,
+        RunState.COMPLETED,
+        finish_reason="stop_sequence",
+        usage={"prompt_tokens": 4, "cached_prompt_tokens": 2, "output_tokens": 4},
+    ),
+]
+
+
+def frames_of(completion: Completion) -> list[tuple[str | None, Any]]:
+    found = []
+    for stored in RUN:
+        for frame in completion.frames(stored):
+            lines = dict(line.split(": ", 1) for line in frame.decode().strip().split("\n"))
+            data = lines["data"]
+            found.append((lines.get("id"), data if data == "[DONE]" else json.loads(data)))
+    return found
+
+
+def test_a_chat_stream_opens_with_the_role_and_each_frame_carries_its_event_seq() -> None:
+    frames = frames_of(Completion(True, "run_1", "m", include_usage=True))
+    assert [seq for seq, _ in frames] == ["1", "3", "4", "5", "6", "6", None]
+    assert frames[0][1]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(f[1]["choices"][0]["delta"].get("content", "") for f in frames[:4]) == "Hello"
+    assert frames[4][1]["choices"][0]["finish_reason"] == "stop"
+    usage = frames[5][1]["usage"]
+    assert frames[5][1]["choices"] == [] and usage["total_tokens"] == 8
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 2}
+    assert frames[-1][1] == "[DONE]"
+
+
+def test_a_text_stream_without_usage_and_the_whole_body() -> None:
+    completion = Completion(False, "run_1", "m")
+    frames = frames_of(completion)
+    assert [seq for seq, _ in frames] == ["3", "4", "5", "6", None]
+    assert frames[0][1]["object"] == "text_completion" and frames[0][1]["choices"][0]["text"]
+    body = completion.body()
+    assert body["choices"][0]["text"] == "Hello" and body["usage"]["completion_tokens"] == 4
+    assert body["created"] == int(datetime(2026, 1, 1, tzinfo=UTC).timestamp())
+
+
+def test_a_failed_run_ends_the_stream_with_an_error_frame() -> None:
+    completion = Completion(True, "run_1", "m")
+    failed = event(3, RunState.FAILED, code="WORKER_LOST", message="worker gone")
+    frames = completion.frames(failed)
+    body = json.loads(frames[0].decode().split("data: ", 1)[1])
+    assert body["error"]["code"] == "WORKER_LOST" and frames[-1] == b"data: [DONE]\n\n"
+    assert frames[0].startswith(b"id: 3\n")
+
+
+def test_sse_frames_escape_newlines_in_text() -> None:
+    frame = sse_frame({"text": "a\n\nb"}, 7)
+    assert frame.count(b"\n\n") == 1 and frame.endswith(b"\n\n")
