@@ -148,7 +148,11 @@ def main() -> int:
     args = parser.parse_args()
     process, stack = start_stack(args.data_dir, fetched_model(args.model))
     try:
-        print(f"gateway {stack['gateway']}, model {stack['model']}", flush=True)
+        print(
+            f"gateway {stack['gateway']}, OpenAI-compatible HTTP API {stack['http']}/v1,"
+            f" model {stack['model']}",
+            flush=True,
+        )
         client = Client(
             stack["gateway"],
             stack["api_key"],
