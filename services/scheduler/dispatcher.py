@@ -145,6 +145,7 @@ class Dispatcher:
             worker_id=worker_id,
             lease_epoch=grant.lease_epoch,
             since=time.monotonic(),
+            last_seq=grant.last_seq,
         )
         self.state.settle(run.run_id, assignment)
         metrics.QUEUE_SECONDS.observe(max(0.0, time.time() - run.queued_at))

@@ -37,9 +37,16 @@ class Intake:
         return sum(self.state.enqueue(run) for run in runs if not self.state.knows(run.run_id))
 
     async def take(self, run_ids: Collection[str]) -> int:
-        """Queues those of `run_ids` that are in state `queued` and not known yet."""
-        unknown = [run_id for run_id in dict.fromkeys(run_ids) if not self.state.knows(run_id)]
-        runs = await self.repository.load_queued(unknown)
+        """Queues those of `run_ids` that are in state `queued` and not known yet, and
+        those their worker handed back: assigned, but `queued` again since their lease."""
+        wanted = [
+            run_id
+            for run_id in dict.fromkeys(run_ids)
+            if not self.state.knows(run_id) or self.state.is_assigned(run_id)
+        ]
+        runs = await self.repository.load_queued(wanted)
+        for run in runs:
+            self.state.take_back(run)
         return sum(self.state.enqueue(run) for run in runs)
 
     async def scan(self) -> int:

@@ -102,6 +102,8 @@ class Assignment:
     worker_id: str
     lease_epoch: int
     since: float  # monotonic seconds
+    # The run's last seq when leased: a run `queued` at a later seq was handed back.
+    last_seq: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,20 +1,21 @@
 """Runs of a lost worker: back to the queue, or `failed` WORKER_LOST.
 
 A run that emitted no `streaming` event may run again elsewhere: it gets a new
-`queued` event (requeue_reason WORKER_LOST) and is dispatched anew.  A run
-that streamed is never re-run (DESIGN §1): it ends `failed` WORKER_LOST with
-the usage actually delivered.  Either way the scheduler first takes the lease,
-so the lost worker, should it come back, is fenced off.
+`queued` event (requeue_reason WORKER_LOST) and is dispatched anew, unless it
+was re-queued too often already (REQUEUE_LIMIT, `services/core/requeue.py`).
+A run that streamed is never re-run (DESIGN §1): it ends `failed` WORKER_LOST
+with the usage actually delivered.  Either way the scheduler first takes the
+lease, so the lost worker, should it come back, is fenced off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any
 
 import structlog
 
 from services.core.eventstore import ConcurrencyConflict, EventStore, StaleLease
+from services.core.requeue import WORKER_LOST, latest, lost_run_event
 from services.core.runs import IllegalTransition, NewEvent, RunState, StoredEvent
 from services.core.telemetry import bound_log_context
 from services.scheduler import metrics
@@ -23,50 +24,16 @@ from services.scheduler.state import SchedulerState
 
 log = structlog.get_logger(__name__)
 
-WORKER_LOST = "WORKER_LOST"
 MAX_ATTEMPTS = 5
 ACTIVE_STATES = (RunState.QUEUED, RunState.PREFILL, RunState.STREAMING)
 
 Requeue = Callable[[Collection[str]], Awaitable[object]]
 
 
-def _latest(events: Sequence[StoredEvent], kind: RunState) -> StoredEvent | None:
-    return next((e for e in reversed(events) if e.kind == kind), None)
-
-
-def delivered_usage(events: Sequence[StoredEvent]) -> dict[str, int]:
-    """Prompt, cached prompt and streamed tokens as far as the events show."""
-    queued = _latest(events, RunState.QUEUED)
-    prefill = _latest(events, RunState.PREFILL)
-    return {
-        "prompt_tokens": len(queued.payload.get("prompt_token_ids", [])) if queued else 0,
-        "cached_prompt_tokens": int(prefill.payload.get("cached_prompt_tokens", 0))
-        if prefill
-        else 0,
-        "output_tokens": sum(
-            len(e.payload.get("token_ids", [])) for e in events if e.kind == RunState.STREAMING
-        ),
-    }
-
-
 def lost_worker_event(events: Sequence[StoredEvent], worker_id: str) -> NewEvent | None:
     """The event that settles a run whose worker was lost; None if it needs none."""
-    state = events[-1].kind if events else None
-    queued = _latest(events, RunState.QUEUED)
-    if state == RunState.PREFILL and queued is not None:
-        payload: dict[str, Any] = dict(queued.payload)
-        payload["requeue_reason"] = WORKER_LOST
-        return NewEvent(RunState.QUEUED, payload)
-    if state == RunState.STREAMING:
-        return NewEvent(
-            RunState.FAILED,
-            {
-                "code": WORKER_LOST,
-                "message": f"worker {worker_id} was lost after the run started streaming",
-                "usage": delivered_usage(events),
-            },
-        )
-    return None
+    message = f"worker {worker_id} was lost after the run started streaming"
+    return lost_run_event(events, WORKER_LOST, message)
 
 
 class Recovery:
@@ -108,7 +75,7 @@ class Recovery:
             event = lost_worker_event(events, assignment.worker_id)
             if event is None:
                 continue
-            queued = _latest(events, RunState.QUEUED)
+            queued = latest(events, RunState.QUEUED)
             try:
                 await self.store.append(
                     assignment.run_id,

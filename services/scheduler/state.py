@@ -71,6 +71,20 @@ class SchedulerState:
         self.wake.set()
         return True
 
+    def is_assigned(self, run_id: str) -> bool:
+        return run_id in self.assignments
+
+    def take_back(self, run: QueuedRun) -> None:
+        """Ends the assignment of `run` if it is `queued` at a later seq than it was leased
+        at: its worker handed it back (its engine died before it streamed)."""
+        assignment = self.assignments.get(run.run_id)
+        if (
+            assignment is not None
+            and run.run_id not in self.settling
+            and run.last_seq > assignment.last_seq
+        ):
+            self.forget(run.run_id, assignment.lease_epoch)
+
     def dequeue(self, run_id: str) -> QueuedRun | None:
         self.queue.remove(run_id)
         return self.queued.pop(run_id, None)

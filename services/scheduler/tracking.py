@@ -59,4 +59,5 @@ def _adopted(status: RunStatus) -> Assignment:
         worker_id=status.owner,
         lease_epoch=status.lease_epoch,
         since=time.monotonic(),
+        last_seq=status.last_seq,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import grpc
@@ -10,7 +11,6 @@ import structlog
 import torch
 
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
-from engine.front import EngineClosedError
 from engine.process_engine import ProcessEngine
 from services.core.config import (
     CommonSettings,
@@ -23,11 +23,12 @@ from services.core.config import (
 )
 from services.core.db import open_db
 from services.core.eventstore import EventStore
-from services.core.server import bound_address, create_server, serve, start_metrics
+from services.core.server import bound_address, create_server, serve, set_serving, start_metrics
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.runs import AssignedRun
 from services.worker.servicer import WorkerServicer
+from services.worker.supervisor import EngineSupervisor
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -136,13 +137,6 @@ async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> N
         await asyncio.sleep(interval)
 
 
-async def exit_when_lost(engine: ProcessEngine) -> None:
-    """Ends the worker once its engine process is gone: the worker stops heartbeating,
-    and the scheduler re-queues or fails its runs as those of a lost worker."""
-    await engine.lost.wait()
-    raise EngineClosedError("the engine process is gone")
-
-
 async def drain(core: WorkerCore, seconds: int) -> None:
     """Refuses new runs and gives running ones `seconds` to finish."""
     core.draining = True
@@ -160,12 +154,16 @@ async def main(settings: WorkerSettings) -> None:
     appender = StepAppender(
         store,
         runs,
-        lambda run_id: engine.abort(run_id),
+        lambda run_id: core.engine.abort(run_id),
         events_per_second=settings.events_per_second,
     )
-    engine = await ProcessEngine.start(
-        settings.model_dir, settings.engine, appender.on_step, niceness=settings.engine_niceness
-    )
+
+    def start_engine() -> Awaitable[ProcessEngine]:
+        return ProcessEngine.start(
+            settings.model_dir, settings.engine, appender.on_step, niceness=settings.engine_niceness
+        )
+
+    engine = await start_engine()
     core = WorkerCore(settings.worker_id, settings.model_name, engine, store, appender.start, runs)
 
     def add_servicers(server: grpc.aio.Server) -> None:
@@ -173,9 +171,17 @@ async def main(settings: WorkerSettings) -> None:
 
     server, port, health = create_server(settings.common.listen, add_servicers)
     address = bound_address(settings.common.listen, port)
+    supervisor = EngineSupervisor(
+        core,
+        appender,
+        store,
+        engine,
+        start_engine,
+        on_ready=lambda ready: set_serving(health, SERVICES, ready),
+    )
     # No outbox relay here: the other services run one, and this process's event loop
     # should stay quick to append each step.
-    background = [appender.run(), exit_when_lost(engine)]
+    background = [appender.run(), supervisor.run()]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", address)
@@ -189,11 +195,9 @@ async def main(settings: WorkerSettings) -> None:
             SERVICES,
             background,
             grace=float(settings.drain_seconds),
-            before_stop=lambda: drain(core, 0 if engine.lost.is_set() else settings.drain_seconds),
+            before_stop=lambda: drain(core, settings.drain_seconds),
             address=address,
         )
     finally:
-        await engine.shutdown()
+        await supervisor.engine.shutdown()
         await db.dispose()
-    if engine.lost.is_set():
-        raise SystemExit(1)

@@ -91,23 +91,42 @@ class StepAppender:
             self._urgent.clear()
             while not self._steps.empty():
                 steps.append(self._steps.get_nowait())
-            outputs = [output for step in steps for output in step]
-            if not outputs and not self._starts:
-                continue  # a `prefill` that went out with its run's first tokens
-            self._last_append = loop.time()
-            while True:
-                try:
-                    await self.append(outputs)
-                    break
-                except (OperationalError, InterfaceError) as error:
-                    # The database is away: keep the outputs and retry.
-                    log.error("step append failed, retrying", error=repr(error))
-                    await asyncio.sleep(0.5)
-                except Exception as error:
-                    log.exception("step append failed for good", error=repr(error))
-                    failing = {o.request_id for o in outputs} | set(self._starts)
-                    await self.fail_runs(failing, repr(error))
-                    break
+            try:
+                await self._append_steps(steps)
+            finally:
+                for _ in steps:
+                    self._steps.task_done()
+
+    async def _append_steps(self, steps: Sequence[Sequence[RequestOutput]]) -> None:
+        outputs = [output for step in steps for output in step]
+        if not outputs and not self._starts:
+            return  # a `prefill` that went out with its run's first tokens
+        self._last_append = asyncio.get_running_loop().time()
+        while True:
+            try:
+                await self.append(outputs)
+                return
+            except (OperationalError, InterfaceError) as error:
+                # The database is away: keep the outputs and retry.
+                log.error("step append failed, retrying", error=repr(error))
+                await asyncio.sleep(0.5)
+            except Exception as error:
+                log.exception("step append failed for good", error=repr(error))
+                failing = {o.request_id for o in outputs} | set(self._starts)
+                await self.fail_runs(failing, repr(error))
+                return
+
+    async def flush(self) -> None:
+        """Returns once every step handed over so far is appended (or its runs failed)."""
+        await self._steps.join()
+
+    def release_all(self) -> list[AssignedRun]:
+        """Takes every run off this appender: nothing more is appended for them, and
+        `prefill` events not appended yet are dropped."""
+        released = list(self.runs.values())
+        self.runs.clear()
+        self._starts.clear()
+        return released
 
     async def append(self, outputs: Sequence[RequestOutput]) -> None:
         pending = self._events_by_run(outputs)

@@ -15,7 +15,7 @@ from services.core.eventstore import EventStore
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.core.telemetry import context_from_traceparent, current_traceparent, get_tracer
 from services.worker.metrics import observe_pool
-from services.worker.runs import AssignedRun
+from services.worker.runs import AssignedRun, prefill_event
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +64,8 @@ class WorkerCore:
         # Shared with the StepAppender, which removes runs as they end.
         self.runs: dict[str, AssignedRun] = runs if runs is not None else {}
         self.draining = False
+        # False while a new engine replaces one that died: no runs are taken meanwhile.
+        self.engine_ready = True
 
     async def assign(self, assignment: Assignment) -> None:
         """Hands the run to the engine and has its `prefill` appended under its lease."""
@@ -71,6 +73,8 @@ class WorkerCore:
             return  # a retried AssignRun
         if self.draining:
             raise Unavailable("the worker is draining", retry_after=1.0)
+        if not self.engine_ready:
+            raise Unavailable("the worker's engine is restarting", retry_after=1.0)
         if assignment.model != self.model:
             raise FailedPrecondition(f"this worker serves {self.model!r}", "WRONG_MODEL")
         needed = self.engine.limits.blocks_needed(
@@ -93,9 +97,7 @@ class WorkerCore:
             traceparent=traceparent,
             num_kv_blocks=needed,
         )
-        prefill = NewEvent(
-            RunState.PREFILL, {"worker_id": self.worker_id, "lease_epoch": assignment.lease_epoch}
-        )
+        prefill = prefill_event(self.worker_id, assignment.lease_epoch)
         try:
             self.engine.add_request(
                 assignment.run_id,
@@ -142,14 +144,16 @@ class WorkerCore:
         return self.engine.limits.num_total_blocks - reserved
 
     def status(self) -> Status:
+        """What the scheduler reads: a worker without an engine has no room and says it is
+        draining, so that nothing is dispatched to it until its new engine is ready."""
         limits = self.engine.limits
         observe_pool(self.engine.num_free_blocks, limits.num_total_blocks, self.num_free_blocks)
         return Status(
             worker_id=self.worker_id,
             model=self.model,
-            num_free_blocks=self.num_free_blocks,
+            num_free_blocks=self.num_free_blocks if self.engine_ready else 0,
             num_total_blocks=limits.num_total_blocks,
             block_size=limits.block_size,
             running_run_ids=sorted(self.runs),
-            draining=self.draining,
+            draining=self.draining or not self.engine_ready,
         )

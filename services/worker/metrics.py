@@ -17,6 +17,9 @@ QUEUE_TIME = Histogram(
 )
 TOKENS = Counter("tollgate_worker_tokens", "Tokens processed", ["kind"])
 RUNS = Counter("tollgate_worker_runs_finished", "Runs finished", ["finish_reason"])
+ENGINE_RESTARTS = Counter(
+    "tollgate_worker_engine_restarts", "Engine processes that died and were replaced"
+)
 KV_BLOCKS = Gauge("tollgate_worker_kv_blocks", "KV cache blocks", ["state"])
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.outputs import RequestMetrics, RequestOutput
-from services.core.runs import NewEvent, RunState
+from services.core.requeue import ENGINE_ERROR, lost_run_event, requeue_or_fail
+from services.core.runs import NewEvent, RunState, StoredEvent
 
 COMPLETED_REASONS = frozenset({"stop", "length", "stop_sequence"})
 
@@ -26,6 +27,27 @@ class AssignedRun:
     num_kv_blocks: int = 0
     # Set once events after `prefill` are stored.
     streamed: bool = False
+
+
+def prefill_event(worker_id: str, lease_epoch: int) -> NewEvent:
+    return NewEvent(RunState.PREFILL, {"worker_id": worker_id, "lease_epoch": lease_epoch})
+
+
+def engine_lost_events(
+    events: Sequence[StoredEvent], worker_id: str, lease_epoch: int
+) -> list[NewEvent]:
+    """What settles a run of this worker whose engine died, given the run's stored events:
+    re-queued (or REQUEUE_LIMIT) if it streamed nothing, else `failed` ENGINE_ERROR with
+    the usage delivered; nothing for a run that ended meanwhile.
+
+    A run whose `prefill` was not stored yet gets it first, so that the attempt counts
+    towards the re-queue limit: a request that kills the engine at once ends there too.
+    """
+    state = events[-1].kind if events else None
+    if state == RunState.QUEUED:
+        return [prefill_event(worker_id, lease_epoch), requeue_or_fail(events, ENGINE_ERROR)]
+    event = lost_run_event(events, ENGINE_ERROR, "the engine process died during the run")
+    return [event] if event is not None else []
 
 
 def usage_of(metrics: RequestMetrics) -> dict[str, Any]:

@@ -57,3 +57,18 @@ def test_queued_and_ended_runs_need_no_event() -> None:
         (RunState.COMPLETED, {"finish_reason": "length"}),
     )
     assert lost_worker_event(done, "w") is None
+
+
+def test_a_run_requeued_three_times_fails_at_the_requeue_limit_the_next_time() -> None:
+    requeued = {**QUEUED, "requeue_reason": "ENGINE_ERROR"}
+    history = [(RunState.QUEUED, QUEUED)]
+    for _ in range(3):
+        history += [(RunState.PREFILL, {"worker_id": "w"}), (RunState.QUEUED, requeued)]
+    history.append((RunState.PREFILL, {"worker_id": "w"}))
+    event = lost_worker_event(events(*history), "w")
+    assert event is not None and event.kind == RunState.FAILED
+    assert event.payload["code"] == "REQUEUE_LIMIT"
+    assert event.payload["usage"]["output_tokens"] == 0
+    # One re-queue fewer, and it goes back to the queue once more.
+    again = lost_worker_event(events(*history[:-3], history[-1]), "w")
+    assert again is not None and again.kind == RunState.QUEUED

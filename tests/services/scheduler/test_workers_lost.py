@@ -120,3 +120,30 @@ async def test_a_restarted_scheduler_adopts_running_runs_and_handles_their_loss(
 
     moved = await wait_for(lambda: spare.assignment(run_id))
     assert moved.last_seq == 3 and moved.lease_epoch > epoch
+
+
+@pytest.mark.parametrize("rescan_seconds", [60.0, 0.2], ids=["kafka", "rescan"])
+async def test_a_run_its_worker_handed_back_is_dispatched_again(
+    store: EventStore, start_scheduler, fake_workers, rescan_seconds: float
+) -> None:
+    worker = await fake_workers("w1", free_blocks=10)
+    scheduler = await start_scheduler({"w1": worker.address}, rescan_seconds=rescan_seconds)
+    await wait_for(scheduler.app.trigger.ready.is_set)
+    await wait_for(scheduler.app.relay.is_leader.is_set)
+    run_id = await queue_run(store)
+    first = await wait_for(lambda: worker.assignment(run_id))
+
+    # What a worker whose engine died appends, under its lease, for a run that streamed nothing.
+    requeued = NewEvent(
+        RunState.QUEUED, {**(await store.read(run_id))[0].payload, "requeue_reason": "ENGINE_ERROR"}
+    )
+    prefill = NewEvent(RunState.PREFILL, {"worker_id": "w1"})
+    await store.append(run_id, 1, [prefill, requeued], lease_epoch=first.lease_epoch)
+
+    again = await wait_for(lambda: _assigned_after(worker, run_id, first.lease_epoch))
+    assert again.last_seq == 3
+
+
+def _assigned_after(worker: FakeWorker, run_id: str, lease_epoch: int):  # type: ignore[no-untyped-def]
+    latest = worker.assignment(run_id)
+    return latest if latest is not None and latest.lease_epoch > lease_epoch else None

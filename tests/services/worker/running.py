@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 
 from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
@@ -21,7 +22,7 @@ from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.runs import AssignedRun
 from services.worker.servicer import WorkerServicer
-from tests.services.scheduler.helpers import queue_run
+from tests.services.scheduler.helpers import queue_run, wait_for
 from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 
 MODEL = "tiny"
@@ -76,7 +77,7 @@ async def leased_run(
 
 
 def assignment(
-    run_id: str, max_tokens: int, tenant_id: str = "t1", lease_epoch: int = 1
+    run_id: str, max_tokens: int, tenant_id: str = "t1", lease_epoch: int = 1, last_seq: int = 1
 ) -> worker_pb2.AssignRunRequest:
     return worker_pb2.AssignRunRequest(
         run_id=run_id,
@@ -86,5 +87,29 @@ def assignment(
         sampling=events_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
         priority=events_pb2.PRIORITY_INTERACTIVE,
         lease_epoch=lease_epoch,
-        last_seq=1,
+        last_seq=last_seq,
     )
+
+
+def engine_of(worker: psutil.Process) -> psutil.Process | None:
+    """The worker's engine child; None while it has none (a dead one may linger unreaped)."""
+    for child in worker.children():
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if "spawn_main" in " ".join(child.cmdline()):
+                return child
+    return None
+
+
+async def ready_engine(
+    worker: psutil.Process, stub: worker_pb2_grpc.WorkerServiceStub, dead_pid: int = 0
+) -> psutil.Process:
+    """The worker's engine once the worker takes runs again (after `dead_pid` died)."""
+
+    async def ready() -> psutil.Process | None:
+        status = await stub.GetWorkerStatus(worker_pb2.GetWorkerStatusRequest())
+        engine = engine_of(worker)
+        fresh = engine is not None and engine.pid != dead_pid
+        return engine if fresh and not status.draining and status.num_free_blocks else None
+
+    engine: psutil.Process = await wait_for(ready, timeout=60)
+    return engine

@@ -1,9 +1,8 @@
 """`python -m services.worker` as the launcher runs it: its engine steps in a child
-process, and the worker does not outlive that child."""
+process, which the worker replaces when it dies (tests/services/worker/test_engine_loss.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -13,13 +12,14 @@ import psutil
 from services.worker.app import ENGINE_NICENESS
 from services.worker.threads import SPIN_ROUNDS
 from tests.services.processes import service_process
+from tests.services.worker.running import ready_engine
 from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 # The worker's defaults for its engine process, checked below.
 DEFAULTS_UNDER_TEST = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TOLLGATE_ENGINE_NICE")
 
 
-async def test_the_engine_process_runs_with_the_workers_defaults_and_its_death_ends_the_worker(
+async def test_the_engine_process_runs_with_the_workers_defaults_and_so_does_its_successor(
     database_url: str, kafka_bootstrap: str, tiny_model_dir: Path
 ) -> None:
     env = {
@@ -32,13 +32,17 @@ async def test_the_engine_process_runs_with_the_workers_defaults_and_its_death_e
     }
     async with service_process("worker", env) as (process, address):
         async with grpc.aio.insecure_channel(address) as channel:
-            status = await worker_pb2_grpc.WorkerServiceStub(channel).GetWorkerStatus(
-                worker_pb2.GetWorkerStatusRequest()
-            )
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            status = await stub.GetWorkerStatus(worker_pb2.GetWorkerStatusRequest())
             assert status.num_total_blocks == status.num_free_blocks == 64
-        children = psutil.Process(process.pid).children()
-        [engine] = [child for child in children if "spawn_main" in " ".join(child.cmdline())]
-        assert engine.environ().get("GOMP_SPINCOUNT") == SPIN_ROUNDS
-        assert engine.nice() == psutil.Process(process.pid).nice() + ENGINE_NICENESS
-        engine.kill()
-        assert await asyncio.wait_for(process.wait(), 30) == 1
+            worker = psutil.Process(process.pid)
+            engine = await ready_engine(worker, stub)
+            _assert_defaults(worker, engine)
+            engine.kill()
+            _assert_defaults(worker, await ready_engine(worker, stub, dead_pid=engine.pid))
+        assert process.returncode is None
+
+
+def _assert_defaults(worker: psutil.Process, engine: psutil.Process) -> None:
+    assert engine.environ().get("GOMP_SPINCOUNT") == SPIN_ROUNDS
+    assert engine.nice() == worker.nice() + ENGINE_NICENESS

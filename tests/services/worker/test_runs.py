@@ -1,8 +1,11 @@
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 
 from engine.outputs import RequestMetrics, RequestOutput
-from services.core.runs import RunState
-from services.worker.runs import AssignedRun, step_events
+from services.core.runs import RunState, StoredEvent
+from services.worker.runs import AssignedRun, engine_lost_events, step_events
 
 METRICS = RequestMetrics(
     arrival_time=0.0,
@@ -67,3 +70,49 @@ def test_steps_that_piled_up_become_one_streaming_event_then_the_end() -> None:
 
 def test_outputs_without_tokens_make_no_event() -> None:
     assert step_events(RUN, [output((), "", None), output((), "", None)]) == []
+
+
+def stored(*kinds_payloads: tuple[RunState, dict[str, Any]]) -> list[StoredEvent]:
+    now = datetime.now(UTC)
+    return [
+        StoredEvent("r1", seq, kind, "t1", payload, now)
+        for seq, (kind, payload) in enumerate(kinds_payloads, start=1)
+    ]
+
+
+QUEUED = {"prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 8}}
+
+
+def test_a_run_of_a_dead_engine_not_started_yet_gets_its_prefill_and_goes_back() -> None:
+    prefill, queued = engine_lost_events(stored((RunState.QUEUED, QUEUED)), "w1", 4)
+    assert (prefill.kind, prefill.payload) == (
+        RunState.PREFILL,
+        {"worker_id": "w1", "lease_epoch": 4},
+    )
+    assert queued.kind == RunState.QUEUED
+    assert queued.payload == {**QUEUED, "requeue_reason": "ENGINE_ERROR"}
+
+
+def test_a_run_of_a_dead_engine_that_streamed_fails_with_engine_error() -> None:
+    history = stored(
+        (RunState.QUEUED, QUEUED),
+        (RunState.PREFILL, {"worker_id": "w1"}),
+        (RunState.STREAMING, {"token_ids": [5, 6], "text": "ab"}),
+    )
+    [failed] = engine_lost_events(history, "w1", 1)
+    assert failed.kind == RunState.FAILED
+    assert failed.payload["code"] == "ENGINE_ERROR"
+    assert failed.payload["usage"] == {
+        "prompt_tokens": 3,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 2,
+    }
+
+
+def test_a_run_of_a_dead_engine_that_ended_meanwhile_needs_nothing() -> None:
+    history = stored(
+        (RunState.QUEUED, QUEUED),
+        (RunState.PREFILL, {}),
+        (RunState.CANCELLED, {"reason": "client"}),
+    )
+    assert engine_lost_events(history, "w1", 1) == []
