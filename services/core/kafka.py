@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
+import structlog
 from aiokafka import (
     AIOKafkaConsumer,
     AIOKafkaProducer,
@@ -25,16 +27,42 @@ from aiokafka import (
     TopicPartition,
 )
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    CorruptRecordException,
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+    for_code,
+)
+from prometheus_client import Counter
 
 from services.core.codec import from_proto, kind_of, to_proto
 from services.core.runs import RunState, StoredEvent
 from tollgate.v1 import events_pb2
 
+log = structlog.get_logger(__name__)
+
+RECORDS_SKIPPED = Counter(
+    "tollgate_kafka_records_skipped", "Records on the topic that are no run event", ["group"]
+)
+
 CONTENT_TYPE = "application/protobuf"
 CE_SOURCE = "//tollgate/event-store"
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An event the encoder or the producer refused for itself (too large, not encodable)."""
+
+    event: StoredEvent
+    error: str
+
+
+# What the producer or the broker says about one record rather than about the broker's
+# state: the same record is refused again, whatever the retries.
+_RECORD_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, CorruptRecordException)
 
 
 class Publisher:
@@ -52,18 +80,36 @@ class Publisher:
         with contextlib.suppress(Exception):
             await self._producer.stop()
 
-    async def publish(self, events: Sequence[StoredEvent]) -> None:
-        """Returns once every event of `events` is acknowledged by all in-sync replicas."""
-        futures = [
-            await self._producer.send(
-                self.topic,
-                value=to_proto(event).SerializeToString(),
-                key=event.run_id.encode(),
-                headers=cloudevent_headers(event),
-            )
-            for event in events
-        ]
-        await asyncio.gather(*futures)
+    async def publish(self, events: Sequence[StoredEvent]) -> list[Refused]:
+        """Returns once every event of `events` is acknowledged by all in-sync replicas but
+        those refused for themselves, which it returns. Any other error (the broker away)
+        raises, and then none of `events` is known to be published."""
+        refused: list[Refused] = []
+        sent: list[tuple[StoredEvent, asyncio.Future[Any]]] = []
+        for event in events:
+            try:
+                value = to_proto(event).SerializeToString()
+            except Exception as error:  # the encoder: a payload the message cannot hold
+                refused.append(Refused(event, repr(error)))
+                continue
+            try:
+                future = await self._producer.send(
+                    self.topic,
+                    value=value,
+                    key=event.run_id.encode(),
+                    headers=cloudevent_headers(event),
+                )
+            except _RECORD_ERRORS as error:
+                refused.append(Refused(event, repr(error)))
+                continue
+            sent.append((event, future))
+        results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        for (event, _), result in zip(sent, results, strict=True):
+            if isinstance(result, _RECORD_ERRORS):
+                refused.append(Refused(event, repr(result)))
+            elif isinstance(result, BaseException):
+                raise result
+        return refused
 
 
 class EventConsumer:
@@ -147,13 +193,28 @@ class EventConsumer:
             yield self.decode(records)
 
     def decode(self, records: Sequence[ConsumerRecord]) -> list[StoredEvent]:
-        """The events of `records` whose kind is one of `kinds`."""
+        """The events of `records` whose kind is one of `kinds`.
+
+        A record that is no run event is skipped, logged and counted: read again, it
+        would fail again, and hold up every record behind it. Its offset is committed
+        with the others'."""
         events = []
         for record in records:
-            message = events_pb2.RunEvent.FromString(record.value)
-            # Other kinds are left undecoded: a consumer of a few kinds reads many records.
-            if self.kinds is None or kind_of(message) in self.kinds:
-                events.append(from_proto(message, _traceparent(record.headers)))
+            try:
+                message = events_pb2.RunEvent.FromString(record.value)
+                # Other kinds are left undecoded: a consumer of a few kinds reads many records.
+                if self.kinds is None or kind_of(message) in self.kinds:
+                    events.append(from_proto(message, _traceparent(record.headers)))
+            except Exception as error:
+                RECORDS_SKIPPED.labels(group=self.group_id).inc()
+                log.error(
+                    "undecodable record skipped",
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    group=self.group_id,
+                    error=repr(error),
+                )
         return events
 
     @property

@@ -11,12 +11,17 @@ appends of one run serialize on its projection row, so a run's outbox ids
 increase in commit order, and the relay publishes in id order, keyed by run_id.
 Delivery is at least once: a crash after the broker's ack and before the
 delete publishes the batch again, and consumers dedupe by (run_id, seq).
+
+An event the producer, the broker or the encoder refuses for itself (too large, not
+encodable) would be refused again on every pass, and hold up every event behind it:
+once refused `max_attempts` times it is set aside in `dead_letters`, counted and
+logged, and the relay goes on. The other events of its batch go out meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import psycopg
 import structlog
@@ -26,7 +31,7 @@ from psycopg.rows import dict_row
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import event_from_row
-from services.core.kafka import Publisher
+from services.core.kafka import Publisher, Refused
 from services.core.runs import StoredEvent
 
 log = structlog.get_logger(__name__)
@@ -36,6 +41,31 @@ log = structlog.get_logger(__name__)
 RELAY_LOCK_KEY = 0x746F6C6C  # "toll"
 
 PUBLISHED = Counter("tollgate_relay_events_published", "Run events the relay published to Kafka")
+DEAD_LETTERED = Counter(
+    "tollgate_relay_events_dead_lettered", "Run events the relay set aside in dead_letters"
+)
+# Passes that may refuse an event before it is set aside.
+MAX_PUBLISH_ATTEMPTS = 3
+
+
+class Refusals:
+    """How often each outbox row was refused, until it is set aside (no I/O)."""
+
+    def __init__(self, max_attempts: int = MAX_PUBLISH_ATTEMPTS) -> None:
+        self.max_attempts = max_attempts
+        self._counts: dict[int, int] = {}
+
+    def refused(self, outbox_id: int) -> bool:
+        """Counts one refusal; True once the row is to be set aside (and forgotten here)."""
+        count = self._counts[outbox_id] = self._counts.get(outbox_id, 0) + 1
+        if count < self.max_attempts:
+            return False
+        del self._counts[outbox_id]
+        return True
+
+    def forget(self, outbox_ids: Iterable[int]) -> None:
+        for outbox_id in outbox_ids:
+            self._counts.pop(outbox_id, None)
 
 
 class OutboxRelay:
@@ -49,6 +79,7 @@ class OutboxRelay:
         poll_interval: float = 1.0,
         takeover_interval: float = 0.5,
         lock_key: int = RELAY_LOCK_KEY,
+        max_attempts: int = MAX_PUBLISH_ATTEMPTS,
     ) -> None:
         self.db = db
         self.bootstrap = bootstrap
@@ -58,6 +89,7 @@ class OutboxRelay:
         self.takeover_interval = takeover_interval
         self.lock_key = lock_key
         self.is_leader = asyncio.Event()
+        self.refusals = Refusals(max_attempts)
 
     async def run(self) -> None:
         """Waits for the relay lock, then publishes until cancelled."""
@@ -111,9 +143,16 @@ class OutboxRelay:
         if not events:
             return 0
         # Deleted only once the broker has them all: a crash in between publishes them again.
-        await publisher.publish(events)
-        await self.mark_published(conn, ids)
-        PUBLISHED.inc(len(events))
+        refused = await publisher.publish(events)
+        outbox_ids = {(e.run_id, e.seq): i for i, e in zip(ids, events, strict=True)}
+        refused_by_id = {outbox_ids[r.event.run_id, r.event.seq]: r for r in refused}
+        published = [i for i in ids if i not in refused_by_id]
+        await self.mark_published(conn, published)
+        self.refusals.forget(published)
+        PUBLISHED.inc(len(published))
+        await self.set_aside(
+            conn, {i: r for i, r in refused_by_id.items() if self.refusals.refused(i)}
+        )
         return len(events)
 
     async def _fetch_batch(
@@ -127,6 +166,38 @@ class OutboxRelay:
     async def mark_published(self, conn: psycopg.AsyncConnection, ids: Sequence[int]) -> None:
         await conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (list(ids),))
 
+    async def set_aside(
+        self, conn: psycopg.AsyncConnection, refused: Mapping[int, Refused]
+    ) -> None:
+        """Moves the outbox rows (by id) of the `refused` events to `dead_letters`."""
+        if not refused:
+            return
+        events = list(refused.values())
+        async with conn.transaction():
+            await conn.execute(
+                _SET_ASIDE,
+                (
+                    [r.event.run_id for r in events],
+                    [r.event.seq for r in events],
+                    [r.error[:2000] for r in events],
+                ),
+            )
+            await self.mark_published(conn, list(refused))
+        DEAD_LETTERED.inc(len(events))
+        for r in events:
+            log.error(
+                "event set aside in dead_letters",
+                run_id=r.event.run_id,
+                seq=r.event.seq,
+                kind=str(r.event.kind),
+                error=r.error,
+            )
+
+
+_SET_ASIDE = """
+    INSERT INTO dead_letters (run_id, seq, error)
+    SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[])
+"""
 
 _FETCH_BATCH = """
     SELECT o.id AS outbox_id, e.run_id, e.seq, e.kind, e.tenant_id, e.payload, e.traceparent,

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the ledger, recorded only for committed bills."""
+"""Prometheus metrics of the ledger: committed bills, and runs the sweep could not bill."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ BILLED_AMOUNT = Counter(
 )
 RELEASED_RESERVATIONS = Counter(
     "tollgate_ledger_released_reservations", "KV reservations released by billing"
+)
+
+SWEEP_FAILURES = Counter(
+    "tollgate_ledger_sweep_failures", "Runs the sweep failed to bill (each retried next round)"
 )
 
 

@@ -5,7 +5,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.consumer import TrackingConsumer
@@ -14,8 +15,10 @@ from services.core.eventstore import EventStore
 from services.core.kafka import EventConsumer
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, RunState, StoredEvent
+from tests.conftest import TOPIC_PARTITIONS
 from tests.services.core.events import start_run
 from tests.services.core.kafka_tools import CountsRecords, read_topic, wait_for
+from tollgate.v1 import events_pb2
 
 GROUP = "test-effects"
 
@@ -247,3 +250,36 @@ async def test_duplicate_delivery_in_one_batch_is_applied_once(
     assert await consumer.apply([event, event]) == 1
     assert await consumer.apply([event]) == 0
     assert await applied_effects(db) == {(event.run_id, 1): 1}
+
+
+def num_skipped() -> float:
+    return (
+        REGISTRY.get_sample_value("tollgate_kafka_records_skipped_total", {"group": GROUP}) or 0.0
+    )
+
+
+async def test_records_that_are_no_run_event_are_skipped_counted_and_committed_past(
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    # Ahead of the run events in every partition: bytes protobuf cannot parse, and a
+    # message that parses but names no known state.
+    junk = [b"\xff" * 8, events_pb2.RunEvent(run_id="junk", seq=1, state=99).SerializeToString()]
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for partition in range(TOPIC_PARTITIONS):
+            await producer.send_and_wait(kafka_topic, junk[partition % 2], partition=partition)
+    finally:
+        await producer.stop()
+    before = num_skipped()
+    runs = await publish(store, db, kafka_bootstrap, kafka_topic, 3, on_topic=TOPIC_PARTITIONS)
+
+    async def committed_past_everything() -> bool:
+        offsets = await committed_offsets(kafka_bootstrap, kafka_topic)
+        return sum(offset or 0 for offset in offsets.values()) == TOPIC_PARTITIONS + 6
+
+    await consume_all(
+        db, kafka_bootstrap, kafka_topic, min_events=6, until=committed_past_everything
+    )
+    assert await applied_effects(db) == {(r, s): 1 for r in runs for s in (1, 2)}
+    assert num_skipped() == before + TOPIC_PARTITIONS

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from services.core.db import Database
@@ -162,3 +163,51 @@ async def test_relay_killed_after_ack_before_mark_is_taken_over(
 
     await consume_all(db, kafka_bootstrap, kafka_topic, min_events=6)
     assert await applied_effects(db) == {(r, s): 1 for r in runs for s in (1, 2)}
+
+
+def num_dead_lettered() -> float:
+    return REGISTRY.get_sample_value("tollgate_relay_events_dead_lettered_total") or 0.0
+
+
+async def dead_letters(db: Database) -> list[tuple[str, int, str]]:
+    async with db.connect() as conn:
+        rows = await conn.execute(
+            sa.text("SELECT run_id, seq, error FROM dead_letters ORDER BY id")
+        )
+        return [(row.run_id, row.seq, row.error) for row in rows]
+
+
+async def outbox_size(db: Database) -> int:
+    async with db.connect() as conn:
+        return int((await conn.execute(sa.text("SELECT count(*) FROM outbox"))).scalar_one())
+
+
+async def test_an_event_the_producer_or_the_encoder_refuses_is_set_aside_and_the_rest_go_on(
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    too_large, unencodable, healthy = [await start_run(store) for _ in range(3)]
+    huge = NewEvent(RunState.STREAMING, {"token_ids": [5], "text": "x" * 1_100_000})
+    await store.append(too_large, 1, [NewEvent(RunState.PREFILL), huge])
+    await store.append(too_large, 3, [NewEvent(RunState.FAILED, {"code": "ENGINE_ERROR"})])
+    garbled = NewEvent(RunState.STREAMING, {"token_ids": ["not a token id"]})
+    await store.append(unencodable, 1, [NewEvent(RunState.PREFILL), garbled])
+    await store.append(healthy, 1, [NewEvent(RunState.PREFILL)])
+    before = num_dead_lettered()
+
+    relay = OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, poll_interval=0.2)
+    async with running(relay):
+        await wait_for(lambda: num_dead_lettered() == before + 2)
+        later = await start_run(store)  # the relay goes on with what comes next
+        records = await read_topic(kafka_bootstrap, kafka_topic, min_records=7)
+
+    assert sorted(set(ids_of(records))) == sorted(
+        [(too_large, 1), (too_large, 2), (too_large, 4), (unencodable, 1), (unencodable, 2)]
+        + [(healthy, 1), (healthy, 2), (later, 1)]
+    )
+    letters = await dead_letters(db)
+    assert [(run_id, seq) for run_id, seq, _ in letters] in (
+        [(too_large, 3), (unencodable, 3)],
+        [(unencodable, 3), (too_large, 3)],
+    )
+    assert all(error for _, _, error in letters)
+    assert await outbox_size(db) == 0

@@ -1,5 +1,7 @@
 import asyncio
 
+from prometheus_client import REGISTRY
+
 from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import RunState, StoredEvent
@@ -75,3 +77,23 @@ async def test_concurrent_sweep_and_consumer_bill_each_run_once(
     assert await billed_counts(store, run_ids) == [1] * len(run_ids)
     assert await entry_count(db) == 3 * len(run_ids)
     assert await open_reservations(db) == 0
+
+
+def num_sweep_failures() -> float:
+    return REGISTRY.get_sample_value("tollgate_ledger_sweep_failures_total") or 0.0
+
+
+async def test_a_run_that_cannot_be_billed_leaves_the_rest_of_the_round_billed(
+    store: EventStore, db: Database, prices: PriceTable
+) -> None:
+    unreadable = {"prompt_tokens": 3, "output_tokens": "many"}
+    broken = await terminal_run(store, run_usage=unreadable)  # type: ignore[arg-type]
+    fine = [await terminal_run(store) for _ in range(3)]
+    await age_runs(db, 30)
+    before = num_sweep_failures()
+
+    bills = await Sweeper(db, prices, grace=10, batch_size=2).sweep_once()
+
+    assert sorted(b.run_id for b in bills) == sorted(fine)
+    assert await billed_counts(store, [broken, *fine]) == [0, 1, 1, 1]
+    assert num_sweep_failures() == before + 1  # tried once a round, not once a batch
