@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 
 from services.core import migrate
-from services.stack.infra import Endpoints, create_database, drop_database
 
 # What a `queued` event stored before 0004: a stop sequence that quotes the old key
 # and holds U+0000, which the rewrite must leave as it is.
@@ -25,12 +23,8 @@ STREAMING = {"token_ids": [4], "text": '{"kv_blocks_reserved": 5}\x00'}
 
 
 @pytest.fixture
-def database_at_0003(infra: Endpoints) -> Iterator[str]:
-    name = f"test_{uuid.uuid4().hex}"
-    url = create_database(infra.database_url, name)
-    migrate.upgrade(url, "0003")
-    yield url
-    drop_database(infra.database_url, name)
+def database_at_0003(database_at: Callable[[str], str]) -> str:
+    return database_at("0003")
 
 
 def _insert_old_run(conn: sa.Connection) -> None:

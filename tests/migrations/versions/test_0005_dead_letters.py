@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 
 from services.core import migrate
-from services.stack.infra import Endpoints, create_database, drop_database
 
 
 @pytest.fixture
-def database_at_0004(infra: Endpoints) -> Iterator[str]:
-    name = f"test_{uuid.uuid4().hex}"
-    url = create_database(infra.database_url, name)
-    migrate.upgrade(url, "0004")
-    yield url
-    drop_database(infra.database_url, name)
+def database_at_0004(database_at: Callable[[str], str]) -> str:
+    return database_at("0004")
 
 
 def _insert_run(conn: sa.Connection) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,22 @@ async def running_worker(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await engine.shutdown()
+
+
+def worker_env(
+    database_url: str, kafka_bootstrap: str, model_dir: Path, **variables: str
+) -> dict[str, str]:
+    """The environment of `python -m services.worker` serving the tiny model with 64 blocks,
+    this process's with `variables` on top."""
+    return {
+        **os.environ,
+        "TOLLGATE_DATABASE_URL": database_url,
+        "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "TOLLGATE_LISTEN": "127.0.0.1:0",
+        "TOLLGATE_MODELS": f"{MODEL}={model_dir}",
+        "TOLLGATE_KV_BLOCKS": "64",
+        **variables,
+    }
 
 
 async def leased_run(

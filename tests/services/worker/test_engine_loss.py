@@ -6,7 +6,6 @@ SIGKILL, and held still with SIGSTOP where a test needs a run that streamed noth
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from services.core.requeue import MAX_REQUEUES
 from services.core.runs import RunState, StoredEvent
 from tests.services.processes import service_process
 from tests.services.scheduler.helpers import wait_for
-from tests.services.worker.running import assignment, leased_run, ready_engine
+from tests.services.worker.running import assignment, leased_run, ready_engine, worker_env
 from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 WORKER_ID = "worker-1"
@@ -29,15 +28,7 @@ WORKER_ID = "worker-1"
 async def worker(
     database_url: str, kafka_bootstrap: str, tiny_model_dir: Path
 ) -> AsyncIterator[tuple[psutil.Process, worker_pb2_grpc.WorkerServiceStub]]:
-    env = {
-        **os.environ,
-        "TOLLGATE_DATABASE_URL": database_url,
-        "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "TOLLGATE_LISTEN": "127.0.0.1:0",
-        "TOLLGATE_MODELS": f"tiny={tiny_model_dir}",
-        "TOLLGATE_KV_BLOCKS": "64",
-        "TOLLGATE_WORKER_ID": WORKER_ID,
-    }
+    env = worker_env(database_url, kafka_bootstrap, tiny_model_dir, TOLLGATE_WORKER_ID=WORKER_ID)
     async with service_process("worker", env) as (process, address):
         async with grpc.aio.insecure_channel(address) as channel:
             yield psutil.Process(process.pid), worker_pb2_grpc.WorkerServiceStub(channel)

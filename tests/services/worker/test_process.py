@@ -3,7 +3,6 @@ process, which the worker replaces when it dies (tests/services/worker/test_engi
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import grpc
@@ -12,7 +11,7 @@ import psutil
 from services.worker.app import ENGINE_NICENESS
 from services.worker.threads import SPIN_ROUNDS
 from tests.services.processes import service_process
-from tests.services.worker.running import ready_engine
+from tests.services.worker.running import ready_engine, worker_env
 from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 # The worker's defaults for its engine process, checked below.
@@ -22,14 +21,9 @@ DEFAULTS_UNDER_TEST = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "TOLLGATE_ENGINE_NIC
 async def test_the_engine_process_runs_with_the_workers_defaults_and_so_does_its_successor(
     database_url: str, kafka_bootstrap: str, tiny_model_dir: Path
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in DEFAULTS_UNDER_TEST},
-        "TOLLGATE_DATABASE_URL": database_url,
-        "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "TOLLGATE_LISTEN": "127.0.0.1:0",
-        "TOLLGATE_MODELS": f"tiny={tiny_model_dir}",
-        "TOLLGATE_KV_BLOCKS": "64",
-    }
+    env = worker_env(database_url, kafka_bootstrap, tiny_model_dir)
+    for name in DEFAULTS_UNDER_TEST:
+        env.pop(name, None)
     async with service_process("worker", env) as (process, address):
         async with grpc.aio.insecure_channel(address) as channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
