@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from services.admission.attachments import attach_in
 from services.admission.requests import GenerateParams
 from services.core.db import Database, driver_cursor, single_statement
 from services.core.errors import NotFound, QuotaExceeded
@@ -25,6 +26,8 @@ class Admission:
     prompt_token_ids: list[int]
     num_kv_blocks: int
     traceparent: str = ""
+    # The admission replica that streams the run first: it holds the run's first lease.
+    replica_id: str = ""
 
     @property
     def idempotency_key(self) -> str:
@@ -70,6 +73,10 @@ async def admit(db: Database, admission: Admission) -> Admitted:
             conn, Append(admission.run_id, 0, [event], new_run, None, admission.traceparent)
         )
         weight = await _reserve(conn, admission)
+        if admission.replica_id:
+            await attach_in(
+                conn, admission.run_id, admission.replica_id, admission.params.disconnect_grace
+            )
     return Admitted(admission, queued, weight)
 
 

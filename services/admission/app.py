@@ -93,6 +93,7 @@ async def main(settings: AdmissionSettings) -> None:
         depth,
         on_queued=scheduler.hint if scheduler is not None else None,
     )
+    background.append(gateway.run())
 
     def add_servicers(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ import structlog
 from prometheus_client import Counter as MetricCounter
 
 from services.admission.admit import Admission, Admitted, admit, find_by_idempotency_key
+from services.admission.attachments import Attachments
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.requests import (
@@ -62,8 +62,10 @@ class Gateway:
         config: GatewayConfig,
         queue_depth: QueueDepth | None = None,
         on_queued: Callable[[Admitted], None] | None = None,
+        attachments: Attachments | None = None,
     ) -> None:
-        """`on_queued` is told of each new run once its `queued` event is committed."""
+        """`on_queued` is told of each new run once its `queued` event is committed;
+        `run()` cancels the runs their clients abandoned."""
         self.db = db
         self.store = EventStore(db)
         self.catalog = catalog
@@ -72,9 +74,7 @@ class Gateway:
         self.config = config
         self.queue_depth = queue_depth
         self.on_queued = on_queued
-        self._attached: Counter[str] = Counter()
-        self._grace: dict[str, float] = {}
-        self._pending_cancels: set[asyncio.Task[None]] = set()
+        self.attachments = attachments or Attachments(db)
 
     async def start(self, tenant_id: str, params: GenerateParams) -> Started:
         """Admits a new run, or finds the run this idempotency key already names; with the
@@ -103,6 +103,7 @@ class Gateway:
                 len(prompt_token_ids) + params.sampling.max_tokens, self.config.block_size
             ),
             traceparent=current_traceparent(),
+            replica_id=self.attachments.replica_id,
         )
         with get_tracer().start_as_current_span("tollgate.admission.admit") as span:
             span.set_attribute("tollgate.run_id", admission.run_id)
@@ -116,7 +117,6 @@ class Gateway:
         if self.on_queued is not None:
             self.on_queued(admitted)
         ADMITTED.labels(params.model, params.priority).inc()
-        self._grace[admission.run_id] = params.disconnect_grace
         log.info(
             "run admitted",
             run_id=admission.run_id,
@@ -125,11 +125,12 @@ class Gateway:
         )
         return Started(admission.run_id, (admitted.queued,))
 
+    async def run(self) -> None:
+        """Cancels the runs no client streams any more, once their grace is over."""
+        await self.attachments.run(self._cancel_abandoned)
+
     async def aclose(self) -> None:
-        """Drops the pending disconnect cancellations (on shutdown)."""
-        for task in list(self._pending_cancels):
-            task.cancel()
-        await asyncio.gather(*self._pending_cancels, return_exceptions=True)
+        await self.attachments.aclose()
 
     async def _existing(self, tenant_id: str, params: GenerateParams) -> RunView | None:
         if not params.idempotency_key:
@@ -149,37 +150,16 @@ class Gateway:
         known: Sequence[StoredEvent] = (),
     ) -> AsyncIterator[StoredEvent]:
         """The run's events after `after_seq`, starting with `known` (the events right
-        after it that the caller holds); a client leaving early may cancel the run."""
+        after it that the caller holds); while it lasts, the run counts as attached."""
         stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
-        self._attached[run_id] += 1
-        ended = False
-        try:
+        async with self.attachments.attached(run_id):
             async for event in stream_events(
                 self.store, self.feed, run_id, after_seq, stop_kinds, known=known
             ):
-                ended = ended or is_ended(event.kind)
                 yield event
-        finally:
-            self._attached[run_id] -= 1
-            if self._attached[run_id] <= 0:
-                del self._attached[run_id]
-                if not ended and run_id in self._grace:
-                    self._cancel_after_grace(run_id)
-                else:
-                    self._grace.pop(run_id, None)
 
-    def _cancel_after_grace(self, run_id: str) -> None:
-        task = asyncio.create_task(self._cancel_if_abandoned(run_id, self._grace[run_id]))
-        self._pending_cancels.add(task)
-        task.add_done_callback(self._pending_cancels.discard)
-
-    async def _cancel_if_abandoned(self, run_id: str, grace: float) -> None:
-        await asyncio.sleep(grace)
-        if self._attached[run_id] > 0:
-            return
-        self._attached.pop(run_id, None)
-        self._grace.pop(run_id, None)
+    async def _cancel_abandoned(self, run_id: str) -> None:
         run = await self.store.get_run(run_id)
         if run is not None and not is_ended(run.state):
-            log.info("client gone, cancelling run", run_id=run_id, grace_seconds=grace)
+            log.info("client gone, cancelling run", run_id=run_id)
             await self.canceller.cancel(run, "client disconnected")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 from psycopg import sql
@@ -24,6 +25,7 @@ from services.core.db import libpq_url
 from services.stack.infra import Endpoints
 from services.stack.launcher import ServiceProcess, Services
 from tests.e2e.conftest import ADMIN_TOKEN, Stack, running_stack, start_streaming
+from tests.services.worker.running import engine_of
 from tollgate import AdminClient, Client
 from tollgate.types import RetryPolicy, RunEvent
 
@@ -97,6 +99,41 @@ def test_a_stream_survives_its_admission_process_dying(
     assert [(e.seq, e.kind, e.token_ids) for e in stored] == [
         (e.seq, e.kind, e.token_ids) for e in seen
     ]
+
+
+def test_a_run_abandoned_when_its_admission_died_is_cancelled_after_it_is_back(
+    fixed_gateway: tuple[Stack, Services],
+) -> None:
+    """The dead admission's lease on the run runs out, and the one started again cancels it."""
+    stack, services = fixed_gateway
+    key = stack.tenant_key("abandoned")
+    client = Client(stack.gateway, key)
+    events = iter(
+        client.generate(
+            "a story", model=MODEL, max_tokens=2000, ignore_eos=True, disconnect_grace=1.0
+        )
+    )
+    run_id = next(events).run_id
+    while next(events).kind != "streaming":
+        pass
+    engine = engine_of(psutil.Process(services.processes["worker"].pid))
+    assert engine is not None
+    engine.suspend()  # the run stays streaming for as long as the test needs
+    try:
+        dead = kill(services, "admission")
+        client.close()  # the client does not come back
+        start_again(services, dead)
+        deadline = time.monotonic() + 60
+        with Client(stack.gateway, key) as reader:
+            while (run := reader.get_run(run_id)).state not in ("cancelled", "billed"):
+                assert time.monotonic() < deadline, f"run still {run.state}"
+                time.sleep(0.2)
+    finally:
+        engine.resume()
+    with Client(stack.gateway, key) as reader:
+        stored = list(reader.stream_run(run_id))
+    cancelled = [e for e in stored if e.kind == "cancelled"]
+    assert len(cancelled) == 1 and cancelled[0].cancel_reason == "client disconnected"
 
 
 def test_the_ledger_killed_among_completing_runs_still_bills_each_once(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 
+from services.admission.attachments import LEASE_SECONDS, Attachments
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
@@ -52,7 +53,11 @@ def auth(key: str) -> tuple[tuple[str, str], ...]:
 
 @contextlib.asynccontextmanager
 async def running_admission(
-    database_url: str, kafka_bootstrap: str, kafka_topic: str, model_dir: Path
+    database_url: str,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    model_dir: Path,
+    lease: float = LEASE_SECONDS,
 ) -> AsyncIterator[Admission]:
     """GatewayService and AdminService on a free loopback port, with the feed and a relay."""
     db = open_db(database_url)
@@ -64,6 +69,7 @@ async def running_admission(
         feed,
         Canceller(store, None),
         GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), block_size=16),
+        attachments=Attachments(db, lease=lease, renew_interval=lease / 3),
     )
 
     def add(server: grpc.aio.Server) -> None:
@@ -74,6 +80,7 @@ async def running_admission(
     await server.start()
     tasks = [
         asyncio.create_task(feed.run()),
+        asyncio.create_task(gateway.run()),
         asyncio.create_task(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic).run()),
     ]
     await asyncio.wait_for(feed.listening.wait(), 20)

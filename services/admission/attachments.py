@@ -1,0 +1,150 @@
+"""Which runs clients are streaming, kept in PostgreSQL so that every admission replica
+counts: a run is abandoned, and cancelled, once no replica has streamed it for its
+disconnect grace.
+
+Each replica holds a lease row per run it streams (`run_attachments`), renewed while a
+stream lasts and expired at once when its last stream of the run ends. A replica that
+dies stops renewing, so its runs are abandoned a lease later. Every replica sweeps for
+abandoned runs; a run cancelled twice is cancelled once (the event store's optimistic
+concurrency settles it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.core.db import Database, driver_cursor, single_statement
+from services.core.errors import DATABASE_AWAY
+
+log = structlog.get_logger(__name__)
+
+LEASE_SECONDS = 5.0
+RENEW_INTERVAL = 1.5
+SWEEP_INTERVAL = 0.5
+
+_ATTACH = """
+    INSERT INTO run_attachments (run_id, replica_id, grace_seconds, expires_at)
+    SELECT %(run_id)s, %(replica_id)s, coalesce(%(grace)s::float8, max(grace_seconds)),
+           clock_timestamp() + make_interval(secs => %(lease)s::float8)
+    FROM run_attachments WHERE run_id = %(run_id)s
+    HAVING %(grace)s::float8 IS NOT NULL OR count(*) > 0
+    ON CONFLICT (run_id, replica_id) DO UPDATE SET expires_at = excluded.expires_at
+"""
+_RENEW = """
+    UPDATE run_attachments SET expires_at = clock_timestamp() + make_interval(secs => %s::float8)
+    WHERE replica_id = %s AND run_id = ANY(%s)
+"""
+_EXPIRE = """
+    UPDATE run_attachments SET expires_at = least(expires_at, clock_timestamp())
+    WHERE replica_id = %s AND run_id = %s
+"""
+_ABANDONED = """
+    SELECT a.run_id FROM run_attachments a JOIN runs r ON r.run_id = a.run_id
+    WHERE r.state IN ('queued', 'prefill', 'streaming')
+    GROUP BY a.run_id
+    HAVING max(a.expires_at + make_interval(secs => a.grace_seconds)) < clock_timestamp()
+"""
+_FORGET_ENDED = """
+    DELETE FROM run_attachments a USING runs r
+    WHERE r.run_id = a.run_id AND r.state NOT IN ('queued', 'prefill', 'streaming')
+"""
+
+
+async def attach_in(
+    conn: AsyncConnection,
+    run_id: str,
+    replica_id: str,
+    grace: float | None = None,
+    lease: float = LEASE_SECONDS,
+) -> None:
+    """Takes or renews `replica_id`'s lease on `run_id`; `grace` is the run's disconnect
+    grace when it is new, else the grace its other leases carry (a run without any, from
+    before leases, is never abandoned)."""
+    params = {"run_id": run_id, "replica_id": replica_id, "grace": grace, "lease": lease}
+    async with driver_cursor(conn) as cursor:
+        await cursor.execute(_ATTACH, params)
+
+
+class Attachments:
+    def __init__(
+        self,
+        db: Database,
+        replica_id: str | None = None,
+        *,
+        lease: float = LEASE_SECONDS,
+        renew_interval: float = RENEW_INTERVAL,
+        sweep_interval: float = SWEEP_INTERVAL,
+    ) -> None:
+        self.db = db
+        self.replica_id = replica_id or f"admission-{uuid.uuid4().hex[:12]}"
+        self.lease = lease
+        self.renew_interval = renew_interval
+        self.sweep_interval = sweep_interval
+        self._streams: Counter[str] = Counter()
+        self._expiring: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def attached(self, run_id: str) -> AsyncIterator[None]:
+        """Holds this replica's lease on `run_id` while the block runs."""
+        if self._streams[run_id] == 0:
+            async with single_statement(self.db) as conn:
+                await attach_in(conn, run_id, self.replica_id, lease=self.lease)
+        self._streams[run_id] += 1
+        try:
+            yield
+        finally:
+            self._detach(run_id)
+
+    def _detach(self, run_id: str) -> None:
+        # Synchronous up to the write: a generator closed late still counts its stream out.
+        self._streams[run_id] -= 1
+        if self._streams[run_id] > 0:
+            return
+        del self._streams[run_id]
+        task = asyncio.get_running_loop().create_task(self._expire(run_id))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
+
+    async def _expire(self, run_id: str) -> None:
+        if run_id in self._streams:
+            return  # attached again meanwhile
+        with contextlib.suppress(*DATABASE_AWAY):  # the lease then runs out by itself
+            async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
+                await cursor.execute(_EXPIRE, (self.replica_id, run_id))
+
+    async def run(self, on_abandoned: Callable[[str], Awaitable[None]]) -> None:
+        """Renews this replica's leases and sweeps for abandoned runs until cancelled;
+        `on_abandoned` is awaited for each, one at a time."""
+        renewed = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if loop.time() - renewed >= self.renew_interval:
+                    await self._renew()
+                    renewed = loop.time()
+                for run_id in await self._abandoned():
+                    await on_abandoned(run_id)
+            except DATABASE_AWAY as error:
+                log.warning("attachments unavailable", error=type(error).__name__)
+            await asyncio.sleep(self.sweep_interval)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self._expiring, return_exceptions=True)
+
+    async def _renew(self) -> None:
+        async with self.db.begin() as conn, driver_cursor(conn) as cursor:
+            if self._streams:
+                await cursor.execute(_RENEW, (self.lease, self.replica_id, list(self._streams)))
+            await cursor.execute(_FORGET_ENDED)
+
+    async def _abandoned(self) -> list[str]:
+        async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
+            await cursor.execute(_ABANDONED)
+            return [row["run_id"] for row in await cursor.fetchall()]
