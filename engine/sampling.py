@@ -7,6 +7,10 @@ from enum import IntEnum
 
 from engine.errors import RequestError
 
+# Below it the draw is all but greedy, and a far smaller (subnormal) temperature would
+# overflow the float32 logits it divides into NaN probabilities.
+GREEDY_TEMPERATURE = 1e-5
+
 
 class Priority(IntEnum):
     """Scheduling class of a request; lower values are served first."""
@@ -30,7 +34,8 @@ class Priority(IntEnum):
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    `temperature == 0` is greedy. `top_k <= 0` and `top_p >= 1` disable those filters.
+    A `temperature` below GREEDY_TEMPERATURE is greedy. `top_k <= 0` and `top_p >= 1`
+    disable those filters.
     `seed` makes the draw reproducible whatever else shares the batch.
     `stop` strings end the output (the matched text is not returned); `stop_token_ids`
     and the model's EOS tokens end it with reason "stop" unless `ignore_eos`.
@@ -60,4 +65,4 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1

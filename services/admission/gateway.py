@@ -20,10 +20,13 @@ from services.admission.requests import (
     Limits,
     blocks_needed,
     context_violation,
+    event_size_violation,
     validate,
+    vocabulary_violation,
 )
 from services.admission.scheduler_client import QueueDepth
 from services.admission.stream import RunFeed, stream_events
+from services.core.codec import encoded_size
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused, Unavailable
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
@@ -87,24 +90,8 @@ class Gateway:
             if existing is not None:
                 return Started(self._same_request(existing, params))
             raise Unavailable("the queue is full; retry later", retry_after=1.0)
-        model = self.catalog.get(params.model)
-        prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
-        too_long = context_violation(
-            len(prompt_token_ids), params.sampling.max_tokens, model.context_length
-        )
-        if too_long:
-            raise too_long
-        admission = Admission(
-            run_id=f"run_{uuid.uuid4().hex}",
-            tenant_id=tenant_id,
-            params=params,
-            prompt_token_ids=prompt_token_ids,
-            num_kv_blocks=blocks_needed(
-                len(prompt_token_ids) + params.sampling.max_tokens, self.config.block_size
-            ),
-            traceparent=current_traceparent(),
-            replica_id=self.attachments.replica_id,
-        )
+        admission = await self._prepare(tenant_id, params)
+        prompt_token_ids = admission.prompt_token_ids
         with get_tracer().start_as_current_span("tollgate.admission.admit") as span:
             span.set_attribute("tollgate.run_id", admission.run_id)
             span.set_attribute("gen_ai.usage.input_tokens", len(prompt_token_ids))
@@ -128,6 +115,33 @@ class Gateway:
     async def run(self) -> None:
         """Cancels the runs no client streams any more, once their grace is over."""
         await self.attachments.run(self._cancel_abandoned)
+
+    async def _prepare(self, tenant_id: str, params: GenerateParams) -> Admission:
+        """The run to admit: its prompt tokenized and checked against the model, and its
+        `queued` event against the size the broker takes."""
+        model = self.catalog.get(params.model)
+        prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
+        refused = context_violation(
+            len(prompt_token_ids), params.sampling.max_tokens, model.context_length
+        ) or vocabulary_violation(params.sampling, model.vocab_size)
+        if refused:
+            raise refused
+        admission = Admission(
+            run_id=f"run_{uuid.uuid4().hex}",
+            tenant_id=tenant_id,
+            params=params,
+            prompt_token_ids=prompt_token_ids,
+            num_kv_blocks=blocks_needed(
+                len(prompt_token_ids) + params.sampling.max_tokens, self.config.block_size
+            ),
+            traceparent=current_traceparent(),
+            replica_id=self.attachments.replica_id,
+        )
+        num_bytes = encoded_size(RunState.QUEUED, admission.queued_payload())
+        too_large = event_size_violation(params, num_bytes, self.config.limits)
+        if too_large:
+            raise too_large
+        return admission
 
     async def aclose(self) -> None:
         await self.attachments.aclose()

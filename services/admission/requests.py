@@ -10,12 +10,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from services.core.errors import FieldViolation, InvalidArgument
+from services.core.validation import shown, text_violation
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 PRIORITIES = {1: "interactive", 2: "batch"}
 MAX_IDEMPOTENCY_KEY = 256
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 128
+MAX_STOP_TOKEN_IDS = 64
+# A longer grace would keep an abandoned run, and the task waiting on it, alive for ever.
+MAX_DISCONNECT_GRACE = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +27,12 @@ class Limits:
     max_tokens: int = 4096
     max_message_chars: int = 65_536
     max_messages: int = 256
+    # Across the prompt and every message: all of it is templated and tokenized before
+    # the context length can be checked.
+    max_total_chars: int = 262_144
+    # The `queued` event as published: well under the broker's 1 MiB message limit. An
+    # event over it would stall the relay, and every event behind it, for everybody.
+    max_event_bytes: int = 512 * 1024
     default_disconnect_grace: float = 30.0
 
 
@@ -87,7 +97,7 @@ def _request_violations(
     if params.model not in models:
         found.append(
             FieldViolation(
-                "model", f"unknown model {params.model!r}; known: {', '.join(sorted(models))}"
+                "model", f"unknown model {shown(params.model)}; known: {', '.join(sorted(models))}"
             )
         )
     if params.priority not in PRIORITIES.values():
@@ -96,10 +106,26 @@ def _request_violations(
         found.append(FieldViolation("prompt", "set a prompt or messages"))
     if params.prompt and params.messages:
         found.append(FieldViolation("messages", "set either prompt or messages, not both"))
+    found += _text_violations(params, limits)
+    key = text_violation("idempotency_key", params.idempotency_key, MAX_IDEMPOTENCY_KEY)
+    if key is not None:
+        found.append(key)
+    if not 0 <= params.disconnect_grace <= MAX_DISCONNECT_GRACE:
+        found.append(
+            FieldViolation(
+                "disconnect_grace", f"must be between 0 and {MAX_DISCONNECT_GRACE:g} seconds"
+            )
+        )
+    return found
+
+
+def _text_violations(params: GenerateParams, limits: Limits) -> list[FieldViolation]:
+    found: list[FieldViolation] = []
     if len(params.prompt) > limits.max_message_chars:
         found.append(FieldViolation("prompt", f"longer than {limits.max_message_chars} characters"))
     if len(params.messages) > limits.max_messages:
         found.append(FieldViolation("messages", f"more than {limits.max_messages} messages"))
+        return found  # one violation for the list, not one per message
     for i, (role, content) in enumerate(params.messages):
         if role not in ROLES:
             found.append(
@@ -111,12 +137,10 @@ def _request_violations(
                     f"messages[{i}].content", f"longer than {limits.max_message_chars} characters"
                 )
             )
-    if len(params.idempotency_key) > MAX_IDEMPOTENCY_KEY:
-        found.append(
-            FieldViolation("idempotency_key", f"longer than {MAX_IDEMPOTENCY_KEY} characters")
-        )
-    if params.disconnect_grace < 0 or math.isnan(params.disconnect_grace):
-        found.append(FieldViolation("disconnect_grace", "must not be negative"))
+    total = len(params.prompt) + sum(len(content) for _, content in params.messages)
+    if total > limits.max_total_chars and not found:
+        field = "messages" if params.messages else "prompt"
+        found.append(FieldViolation(field, f"more than {limits.max_total_chars} characters in all"))
     return found
 
 
@@ -126,23 +150,45 @@ def _sampling_violations(sampling: Sampling, limits: Limits) -> list[FieldViolat
         found.append(FieldViolation("sampling.max_tokens", "must be greater than 0"))
     elif sampling.max_tokens > limits.max_tokens:
         found.append(FieldViolation("sampling.max_tokens", f"must be at most {limits.max_tokens}"))
-    if sampling.temperature is not None and not sampling.temperature >= 0:
-        found.append(FieldViolation("sampling.temperature", "must be a number >= 0"))
+    if sampling.temperature is not None and not 0 <= sampling.temperature < math.inf:
+        found.append(FieldViolation("sampling.temperature", "must be a finite number >= 0"))
     if sampling.top_p is not None and not 0 < sampling.top_p <= 1:
         found.append(FieldViolation("sampling.top_p", "must be in (0, 1]"))
     if sampling.top_k is not None and sampling.top_k < 0:
         found.append(FieldViolation("sampling.top_k", "must be >= 0"))
     if len(sampling.stop) > MAX_STOP_STRINGS:
         found.append(FieldViolation("sampling.stop", f"at most {MAX_STOP_STRINGS} stop strings"))
-    if any(not s or len(s) > MAX_STOP_LENGTH for s in sampling.stop):
+    elif any(not s or len(s) > MAX_STOP_LENGTH for s in sampling.stop):
         found.append(
             FieldViolation(
                 "sampling.stop", f"each stop string needs 1 to {MAX_STOP_LENGTH} characters"
             )
         )
-    if any(t < 0 for t in sampling.stop_token_ids):
+    if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        found.append(
+            FieldViolation("sampling.stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids")
+        )
+    elif any(t < 0 for t in sampling.stop_token_ids):
         found.append(FieldViolation("sampling.stop_token_ids", "token ids are >= 0"))
     return found
+
+
+def vocabulary_violation(sampling: Sampling, vocab_size: int) -> InvalidArgument | None:
+    """Stop token ids the model can never produce are a client's mistake."""
+    if all(t < vocab_size for t in sampling.stop_token_ids):
+        return None
+    message = f"token ids must be below the model's vocabulary size, {vocab_size}"
+    return InvalidArgument([FieldViolation("sampling.stop_token_ids", message)])
+
+
+def event_size_violation(
+    params: GenerateParams, num_bytes: int, limits: Limits
+) -> InvalidArgument | None:
+    if num_bytes <= limits.max_event_bytes:
+        return None
+    field = "messages" if params.messages else "prompt"
+    message = f"the request encodes to {num_bytes} bytes, more than {limits.max_event_bytes}"
+    return InvalidArgument([FieldViolation(field, message)])
 
 
 def context_violation(

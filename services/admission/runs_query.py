@@ -13,16 +13,19 @@ from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.eventstore import EventStore, view_from_row
 from services.core.runs import RunView
 from services.core.schema import runs
+from services.core.validation import is_identifier, shown
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
+# A token this service issued is far shorter: base64 of a timestamp and a run id.
+MAX_PAGE_TOKEN = 512
 
 
 async def get_tenant_run(store: EventStore, tenant_id: str, run_id: str) -> RunView:
     """The run, if it belongs to `tenant_id`; another tenant's run does not exist for it."""
-    run = await store.get_run(run_id) if run_id else None
+    run = await store.get_run(run_id) if is_identifier(run_id) else None
     if run is None or run.tenant_id != tenant_id:
-        raise NotFound(f"run {run_id!r} not found")
+        raise NotFound(f"run {shown(run_id)} not found")
     return run
 
 
@@ -54,10 +57,18 @@ def _encode_token(created_at: datetime, run_id: str) -> str:
 
 
 def _decode_token(token: str) -> tuple[datetime, str]:
+    position = _parse_token(token) if len(token) <= MAX_PAGE_TOKEN else None
+    if position is None:
+        raise InvalidArgument([FieldViolation("page_token", "not a token this service issued")])
+    return position
+
+
+def _parse_token(token: str) -> tuple[datetime, str] | None:
     try:
         created_at, run_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(created_at), run_id
+        when = datetime.fromisoformat(created_at)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument(
-            [FieldViolation("page_token", "not a token this service issued")]
-        ) from None
+        return None
+    if when.tzinfo is None or not is_identifier(run_id):
+        return None
+    return when, run_id

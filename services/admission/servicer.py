@@ -19,7 +19,11 @@ from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
 from services.core.runs import RunView
 from services.core.telemetry import bound_log_context, get_tracer
+from services.core.validation import duration_seconds, seq_violation, text_violation
 from tollgate.v1 import admin_pb2, admin_pb2_grpc, events_pb2, gateway_pb2, gateway_pb2_grpc
+
+# Names are unique through an index, whose rows PostgreSQL keeps to under 2,700 bytes.
+MAX_TENANT_NAME = 200
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -61,6 +65,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[events_pb2.RunEvent]:
         tenant_id = await self._tenant(context)
+        too_far = seq_violation("starting_after", request.starting_after)
+        if too_far is not None:
+            raise InvalidArgument([too_far])
         run = await get_tenant_run(self.gateway.store, tenant_id, request.run_id)
         with bound_log_context(run_id=run.run_id, tenant_id=tenant_id):
             async for event in self.gateway.follow(
@@ -114,13 +121,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.Tenant:
         self._require_admin(context)
         violations = []
-        if not request.name.strip():
+        name = request.name.strip()
+        if not name:
             violations.append(FieldViolation("name", "must not be empty"))
+        elif (bad_name := text_violation("name", name, MAX_TENANT_NAME)) is not None:
+            violations.append(bad_name)
         if request.weight < 0:
             violations.append(FieldViolation("weight", "must be positive (0 means the default, 1)"))
         if violations:
             raise InvalidArgument(violations)
-        return tenant_to_proto(await self.tenants.create(request.name.strip(), request.weight or 1))
+        return tenant_to_proto(await self.tenants.create(name, request.weight or 1))
 
     @rpc_errors
     async def GetTenant(
@@ -183,11 +193,6 @@ def params_from_proto(request: events_pb2.GenerateRequest, limits: Limits) -> Ge
         stop_token_ids=tuple(s.stop_token_ids),
         ignore_eos=s.ignore_eos,
     )
-    grace = (
-        request.disconnect_grace.ToTimedelta().total_seconds()
-        if request.HasField("disconnect_grace")
-        else limits.default_disconnect_grace
-    )
     priority = PRIORITIES.get(
         request.priority or events_pb2.PRIORITY_INTERACTIVE, f"unknown ({request.priority})"
     )
@@ -198,9 +203,19 @@ def params_from_proto(request: events_pb2.GenerateRequest, limits: Limits) -> Ge
         sampling=sampling,
         priority=priority,
         idempotency_key=request.idempotency_key,
-        disconnect_grace=grace if not math.isnan(grace) else -1.0,
+        disconnect_grace=_grace(request, limits.default_disconnect_grace),
         until_terminal=request.until_terminal,
     )
+
+
+def _grace(request: events_pb2.GenerateRequest, default: float) -> float:
+    """NaN, which validation refuses, for a malformed duration; not ToTimedelta, which
+    overflows on a huge one."""
+    if not request.HasField("disconnect_grace"):
+        return default
+    grace = request.disconnect_grace
+    seconds = duration_seconds(grace.seconds, grace.nanos)
+    return math.nan if seconds is None else seconds
 
 
 def run_to_proto(run: RunView) -> events_pb2.Run:

@@ -14,6 +14,7 @@ from services.core.auth import new_key
 from services.core.db import Database, single_statement
 from services.core.errors import FailedPrecondition, NotFound
 from services.core.schema import api_keys, tenants
+from services.core.validation import is_identifier, shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ class TenantRepository:
         return await self.get(tenant_id)
 
     async def get(self, tenant_id: str) -> TenantRecord:
+        _require_id("tenant", tenant_id)
         async with single_statement(self.db) as conn:
             row = (
                 await conn.execute(sa.select(tenants).where(tenants.c.tenant_id == tenant_id))
@@ -75,6 +77,7 @@ class TenantRepository:
     async def set_quota(
         self, tenant_id: str, max_kv_blocks: int, max_concurrent_runs: int
     ) -> TenantRecord:
+        _require_id("tenant", tenant_id)
         async with self.db.begin() as conn:
             updated = await conn.execute(
                 tenants.update()
@@ -100,6 +103,7 @@ class TenantRepository:
         return KeyRecord(key.key_id, tenant_id, key.secret, revoked=False)
 
     async def revoke_key(self, key_id: str) -> KeyRecord:
+        _require_id("API key", key_id)
         async with self.db.begin() as conn:
             row = (
                 await conn.execute(
@@ -116,6 +120,12 @@ class TenantRepository:
         if row is None:
             raise NotFound(f"API key {key_id} does not exist")
         return KeyRecord(key_id, row.tenant_id, "", revoked=True)
+
+
+def _require_id(kind: str, value: str) -> None:
+    """What is not an id names nothing; checked before it reaches SQL."""
+    if not is_identifier(value):
+        raise NotFound(f"{kind} {shown(value)} does not exist")
 
 
 def _tenant(row: Mapping[Any, Any]) -> TenantRecord:

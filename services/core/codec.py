@@ -38,12 +38,24 @@ def to_proto(event: StoredEvent) -> events_pb2.RunEvent:
         tenant_id=event.tenant_id,
     )
     message.time.FromDatetime(event.created_at)
-    body = getattr(message, str(event.kind))
+    _fill_body(message, event.kind, event.payload)
+    return message
+
+
+def encoded_size(kind: RunState, payload: Mapping[str, Any]) -> int:
+    """Bytes of the `kind` body holding `payload`, as `to_proto` encodes it: all of an
+    event but the few bytes of its envelope (ids, seq, time)."""
+    message = events_pb2.RunEvent()
+    _fill_body(message, kind, payload)
+    return message.ByteSize()
+
+
+def _fill_body(message: events_pb2.RunEvent, kind: RunState, payload: Mapping[str, Any]) -> None:
+    body = getattr(message, str(kind))
     body.SetInParent()  # an empty payload still names the event's kind
-    rest = _fill_plain_fields(body, event.payload)
+    rest = _fill_plain_fields(body, payload)
     if rest:
         json_format.ParseDict(rest, body)
-    return message
 
 
 # Field type -> the Python type a payload value must have exactly to be assigned as it is.

@@ -45,10 +45,18 @@ class FieldViolation:
     description: str
 
 
+# The status travels in trailers, which a client refuses past its metadata limit (8 KiB by
+# default in gRPC): a client would see a transport error instead of the status.
+MAX_MESSAGE = 1024
+MAX_VIOLATIONS = 10
+
+
 class ApiError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(self, message: str) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 3] + "..."
         super().__init__(message)
         self.message = message
 
@@ -68,9 +76,12 @@ class InvalidArgument(ApiError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
     def __init__(self, violations: Sequence[FieldViolation]) -> None:
-        summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
-        super().__init__(f"invalid request: {summary}")
-        self.violations = list(violations)
+        """Names the first MAX_VIOLATIONS of `violations`."""
+        shown = list(violations[:MAX_VIOLATIONS])
+        summary = "; ".join(f"{v.field}: {v.description}" for v in shown)
+        more = len(violations) - len(shown)
+        super().__init__(f"invalid request: {summary}" + (f" (and {more} more)" if more else ""))
+        self.violations = shown
 
     def details(self) -> list[Any]:
         return [
@@ -179,11 +190,18 @@ def as_api_error(method: str, error: Exception) -> ApiError:
     """What the client is told of an error no ApiError describes; the details are logged."""
     if isinstance(error, ApiError):
         return error
-    if isinstance(error, DATABASE_AWAY):
+    if isinstance(error, DATABASE_AWAY) and not _is_request_limit(error):
         log.warning("database unavailable", method=method, error=type(error).__name__)
         return Unavailable("the event store is unavailable; retry shortly", retry_after=1.0)
     log.error("unexpected error", method=method, exc_info=error)
     return ApiError("internal error")
+
+
+def _is_request_limit(error: Exception) -> bool:
+    """A statement past one of PostgreSQL's limits (an index row too large): its class is
+    an OperationalError, but a retry fails the same way."""
+    cause = getattr(error, "orig", error)
+    return isinstance(cause, psycopg.errors.ProgramLimitExceeded)
 
 
 def rpc_errors(method: F) -> F:

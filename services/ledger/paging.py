@@ -8,8 +8,12 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from services.core.validation import is_identifier
+
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+# A token this service issued is far shorter: base64 of a timestamp, an entry id and a scope.
+MAX_PAGE_TOKEN = 1024
 
 
 class BadPageRequest(ValueError):
@@ -46,13 +50,15 @@ def decode(token: str, scope: str) -> PageKey | None:
     """None for an empty token (the first page); raises BadPageRequest otherwise."""
     if not token:
         return None
+    if len(token) > MAX_PAGE_TOKEN:
+        raise BadPageRequest("page_token", "is not a token this service issued")
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         document = json.loads(raw)
         key = PageKey(datetime.fromisoformat(document["c"]), str(document["e"]), document["s"])
-    except (binascii.Error, ValueError, KeyError, TypeError):
+    except (binascii.Error, ValueError, KeyError, TypeError, RecursionError):
         raise BadPageRequest("page_token", "is not a token this service issued") from None
-    if key.created_at.tzinfo is None:
+    if key.created_at.tzinfo is None or not is_identifier(key.entry_id):
         raise BadPageRequest("page_token", "is not a token this service issued")
     if key.scope != scope:
         # A token names a position in one listing; reusing it with other filters would skip rows.

@@ -8,6 +8,7 @@ from datetime import datetime
 from services.core.auth import Principal
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
+from services.core.validation import is_identifier, shown
 from services.ledger import paging, repository
 from services.ledger.pricing import BILLING_TYPES, LedgerEntry
 
@@ -15,6 +16,8 @@ from services.ledger.pricing import BILLING_TYPES, LedgerEntry
 def visible_tenant(principal: Principal, requested: str) -> str | None:
     """The tenant a request may read; None means every tenant (admin only)."""
     if principal.is_admin:
+        if requested and not is_identifier(requested):
+            raise InvalidArgument([FieldViolation("tenant_id", "is not a tenant id")])
         return requested or None
     if requested and requested != principal.tenant_id:
         raise PermissionDenied("an API key reads only its own tenant's ledger")
@@ -42,9 +45,9 @@ async def list_entries(
     where = repository.EntryFilter(tenant_id, run_id or None)
     async with db.connect() as conn:
         if run_id:
-            owner = await repository.run_tenant(conn, run_id)
+            owner = await repository.run_tenant(conn, run_id) if is_identifier(run_id) else None
             if owner is None or (tenant_id is not None and owner != tenant_id):
-                raise NotFound(f"run {run_id} not found")
+                raise NotFound(f"run {shown(run_id)} not found")
         position = (after.created_at, after.entry_id) if after else None
         rows = await repository.list_entries(conn, where, position, size + 1)
     page, more = rows[:size], len(rows) > size

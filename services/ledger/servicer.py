@@ -9,7 +9,8 @@ from google.protobuf import timestamp_pb2
 
 from services.core.auth import Principal, authenticate
 from services.core.db import Database
-from services.core.errors import rpc_errors
+from services.core.errors import InvalidArgument, rpc_errors
+from services.core.validation import timestamp_violation
 from services.ledger import reports
 from services.ledger.pricing import LedgerEntry
 from tollgate.v1 import events_pb2, ledger_pb2, ledger_pb2_grpc
@@ -90,6 +91,9 @@ def _time(request: ledger_pb2.GetUsageRequest, name: str) -> datetime | None:
     if not request.HasField(name):
         return None
     stamp: timestamp_pb2.Timestamp = getattr(request, name)
+    out_of_range = timestamp_violation(name, stamp.seconds, stamp.nanos)
+    if out_of_range is not None:
+        raise InvalidArgument([out_of_range])
     return stamp.ToDatetime(tzinfo=UTC)
 
 

@@ -6,7 +6,6 @@ from typing import Any
 
 import grpc
 import pytest
-import sqlalchemy as sa
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -23,39 +22,10 @@ from services.core.errors import QuotaExceeded, Unavailable
 from services.core.runs import RunState
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.servicer import run_from_hint
+from tests.services.admission.calls import count_runs, first_event, request, violations
 from tests.services.admission.running import MODEL, Admission, auth
 from tests.services.admission.worker_double import finish_run
 from tollgate.v1 import events_pb2, gateway_pb2
-
-
-def request(**overrides: object) -> events_pb2.GenerateRequest:
-    sampling = events_pb2.SamplingParams(max_tokens=8)
-    message = events_pb2.GenerateRequest(model=MODEL, prompt="hello toll gate", sampling=sampling)
-    for name, value in overrides.items():
-        if name.startswith("sampling_"):
-            setattr(message.sampling, name.removeprefix("sampling_"), value)
-        elif isinstance(value, duration_pb2.Duration):
-            getattr(message, name).CopyFrom(value)
-        else:
-            setattr(message, name, value)
-    return message
-
-
-async def count_runs(admission: Admission) -> int:
-    async with admission.db.connect() as conn:
-        return int(await conn.scalar(sa.text("SELECT count(*) FROM runs")) or 0)
-
-
-def violations(error: grpc.aio.AioRpcError) -> list[str]:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    fields = []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields += [v.field for v in bad.field_violations]
-    return fields
 
 
 async def read_rest(call) -> list[events_pb2.RunEvent]:  # type: ignore[no-untyped-def]
@@ -63,15 +33,6 @@ async def read_rest(call) -> list[events_pb2.RunEvent]:  # type: ignore[no-untyp
     while (event := await call.read()) != grpc.aio.EOF:
         events.append(event)
     return events
-
-
-async def first_event(
-    admission: Admission, key: str, req: events_pb2.GenerateRequest
-) -> events_pb2.RunEvent:
-    call = admission.gateway.Generate(req, metadata=auth(key))
-    event = await call.read()
-    call.cancel()
-    return event
 
 
 async def test_generate_streams_every_event_until_billed(admission: Admission) -> None:

@@ -12,7 +12,14 @@ import pytest
 import sqlalchemy.exc
 from google.rpc import status_pb2
 
-from services.core.errors import NotFound, rpc_errors
+from services.core.errors import (
+    MAX_MESSAGE,
+    MAX_VIOLATIONS,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    rpc_errors,
+)
 
 
 class Aborted(Exception):
@@ -86,3 +93,21 @@ def test_api_errors_keep_their_status_and_aborts_pass_through() -> None:
     )
     with pytest.raises(grpc.aio.AbortError):
         aborted_with(grpc.aio.AbortError(), False)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_statement_past_a_database_limit_is_not_retryable(streaming: bool) -> None:
+    # What PostgreSQL says of an index row too large: a retry fails the same way.
+    cause = psycopg.errors.ProgramLimitExceeded("index row size 4016 exceeds maximum 2704")
+    for error in (cause, sqlalchemy.exc.OperationalError("INSERT", {}, cause)):
+        code, message, _ = aborted_with(error, streaming)
+        assert (code, message) == (grpc.StatusCode.INTERNAL, "internal error")
+
+
+def test_an_invalid_argument_names_its_first_violations_in_a_bounded_message() -> None:
+    few = InvalidArgument([FieldViolation(f"messages[{i}].role", "unknown") for i in range(300)])
+    assert len(few.violations) == MAX_VIOLATIONS and few.message.endswith("(and 290 more)")
+    long = InvalidArgument([FieldViolation(f"messages[{i}].content", "x" * 200) for i in range(9)])
+    assert len(long.message) == MAX_MESSAGE
+    code, message, _ = aborted_with(long, False)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and message == long.message

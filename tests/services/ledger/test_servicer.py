@@ -1,3 +1,5 @@
+import base64
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -244,3 +246,54 @@ async def test_a_missing_entry_is_a_mismatch(ledger: Ledger) -> None:
         ledger_pb2.GetReconciliationRequest(), metadata=auth(ADMIN)
     )
     assert list(report.mismatched_run_ids) == [run_id]
+
+
+def forged_token(entry_id: str, scope: str) -> str:
+    document = {"c": "2024-01-01T00:00:00+00:00", "e": entry_id, "s": scope}
+    return base64.urlsafe_b64encode(json.dumps(document).encode()).decode().rstrip("=")
+
+
+async def test_ids_and_tokens_that_reach_no_sql_are_refused_by_name(ledger: Ledger) -> None:
+    tenant, key = await create_tenant(ledger.db)
+    nul = "a\x00b"
+    for run_id in (nul, "r" * 20_000):
+        request = ledger_pb2.ListLedgerEntriesRequest(run_id=run_id)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await ledger.stub.ListLedgerEntries(request, metadata=auth(key))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert len(info.value.details() or "") < 200
+    forged = ledger_pb2.ListLedgerEntriesRequest(page_token=forged_token(nul, f"{tenant}/*"))
+    assert await code_of(ledger.stub.ListLedgerEntries(forged, metadata=auth(key))) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    for call in (
+        ledger.stub.ListLedgerEntries(
+            ledger_pb2.ListLedgerEntriesRequest(tenant_id=nul), metadata=auth(ADMIN)
+        ),
+        ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(tenant_id=nul), metadata=auth(ADMIN)),
+    ):
+        assert await code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    ("seconds", "nanos"),
+    [(10**12, 0), (-(10**12), 0), (0, -1), (0, 10**9), (2**63 - 1, 0)],
+)
+async def test_usage_periods_outside_the_timestamp_range_are_refused(
+    ledger: Ledger, seconds: int, nanos: int
+) -> None:
+    _, key = await create_tenant(ledger.db)
+    for name in ("start_time", "end_time"):
+        stamp = timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+        request = ledger_pb2.GetUsageRequest(**{name: stamp})  # type: ignore[arg-type]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await ledger.stub.GetUsage(request, metadata=auth(key))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        [bad_request] = status_details(info.value)
+        assert [v.field for v in bad_request.field_violations] == [name]
+    # The widest valid period reads as any other.
+    widest = ledger_pb2.GetUsageRequest(
+        start_time=timestamp_pb2.Timestamp(seconds=-62_135_596_800),
+        end_time=timestamp_pb2.Timestamp(seconds=253_402_300_799, nanos=999_999_999),
+    )
+    assert (await ledger.stub.GetUsage(widest, metadata=auth(key))).num_runs == 0
