@@ -7,7 +7,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from tests.services.admission.running import MODEL, Admission, auth
-from tollgate.v1 import events_pb2
+from tollgate.v1 import events_pb2, gateway_pb2
 
 
 def request(**overrides: object) -> events_pb2.GenerateRequest:
@@ -41,9 +41,13 @@ def violations(error: grpc.aio.AioRpcError) -> list[str]:
 
 
 async def first_event(
-    admission: Admission, key: str, req: events_pb2.GenerateRequest
+    admission: Admission, key: str, req: events_pb2.GenerateRequest | gateway_pb2.StreamRunRequest
 ) -> events_pb2.RunEvent:
-    call = admission.gateway.Generate(req, metadata=auth(key))
+    """The first event of a Generate or StreamRun call, which it then cancels."""
+    if isinstance(req, gateway_pb2.StreamRunRequest):
+        call = admission.gateway.StreamRun(req, metadata=auth(key))
+    else:
+        call = admission.gateway.Generate(req, metadata=auth(key))
     event = await call.read()
     call.cancel()
     return event

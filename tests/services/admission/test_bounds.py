@@ -137,20 +137,11 @@ async def test_malformed_run_ids_name_nothing_in_a_short_message(admission: Admi
             admission.gateway.CancelRun(
                 gateway_pb2.CancelRunRequest(run_id=run_id), metadata=auth(key)
             ),
-            first_stream_event(admission, key, gateway_pb2.StreamRunRequest(run_id=run_id)),
+            first_event(admission, key, gateway_pb2.StreamRunRequest(run_id=run_id)),
         ):
             error = await refused(call)
             assert error.code() == grpc.StatusCode.NOT_FOUND
             assert len(error.details() or "") < 200
-
-
-async def first_stream_event(
-    admission: Admission, key: str, message: gateway_pb2.StreamRunRequest
-) -> events_pb2.RunEvent:
-    call = admission.gateway.StreamRun(message, metadata=auth(key))
-    event = await call.read()
-    call.cancel()
-    return event
 
 
 async def test_starting_after_past_the_store_range_is_refused(admission: Admission) -> None:
@@ -159,7 +150,7 @@ async def test_starting_after_past_the_store_range_is_refused(admission: Admissi
         admission, key, request(disconnect_grace=duration_pb2.Duration(seconds=60))
     )
     message = gateway_pb2.StreamRunRequest(run_id=queued.run_id, starting_after=2**63)
-    error = await refused(first_stream_event(admission, key, message))
+    error = await refused(first_event(admission, key, message))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "starting_after" in (error.details() or "")
 

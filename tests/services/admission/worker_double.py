@@ -19,6 +19,22 @@ PRICES = {"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 2}
 
 
 async def finish_run(store: EventStore, run_id: str, tokens: list[int], texts: list[str]) -> None:
+    seq, usage = await complete_run(store, run_id, tokens, texts)
+    run = await store.get_run(run_id)
+    assert run is not None
+    entries = ledger_entries(run.tenant_id, run_id, run.idempotency_key or "", usage)
+    billed = {
+        "amount_micros": sum(entry["amount_micros"] for entry in entries),
+        "currency": "USD",
+        "entries": entries,
+    }
+    await store.append(run_id, seq, [NewEvent(RunState.BILLED, billed)])
+
+
+async def complete_run(
+    store: EventStore, run_id: str, tokens: list[int], texts: list[str]
+) -> tuple[int, dict[str, Any]]:
+    """Plays the worker only, up to `completed`; returns the run's last seq and its usage."""
     run = await store.get_run(run_id)
     assert run is not None
     [queued] = await store.read(run_id, limit=1)
@@ -34,13 +50,7 @@ async def finish_run(store: EventStore, run_id: str, tokens: list[int], texts: l
     usage = worker_usage(len(queued.payload.get("prompt_token_ids", [])), len(tokens))
     completed = {"finish_reason": "length", "usage": usage, "ttft_seconds": 0.01}
     await store.append(run_id, seq, [NewEvent(RunState.COMPLETED, completed)], lease_epoch=epoch)
-    entries = ledger_entries(run.tenant_id, run_id, run.idempotency_key or "", usage)
-    billed = {
-        "amount_micros": sum(entry["amount_micros"] for entry in entries),
-        "currency": "USD",
-        "entries": entries,
-    }
-    await store.append(run_id, seq + 1, [NewEvent(RunState.BILLED, billed)])
+    return seq + 1, usage
 
 
 def worker_usage(num_prompt: int, num_output: int) -> dict[str, Any]:
