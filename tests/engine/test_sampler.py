@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from engine.layers.sampler import sample
-from engine.sampling import SamplingParams
+from engine.sampling import GREEDY_TEMPERATURE, SamplingParams
 
 
 def gens(n: int, seed: int = 0) -> list[torch.Generator]:
@@ -13,6 +13,14 @@ def gens(n: int, seed: int = 0) -> list[torch.Generator]:
 def test_greedy_takes_the_argmax() -> None:
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 1.0]])
     assert sample(logits, [SamplingParams(temperature=0)] * 2, gens(2)) == [1, 0]
+
+
+def test_a_temperature_below_the_greedy_one_is_greedy_not_nan() -> None:
+    # A subnormal float32 temperature would overflow the scaled logits into NaN.
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 1.0]])
+    params = [SamplingParams(temperature=1e-40), SamplingParams(temperature=GREEDY_TEMPERATURE / 2)]
+    assert all(p.is_greedy for p in params)
+    assert sample(logits, params, gens(2)) == [1, 0]
 
 
 def test_top_k_limits_draws_to_the_k_best() -> None:
