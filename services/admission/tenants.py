@@ -51,7 +51,9 @@ class TenantRepository:
                     )
                 )
         except IntegrityError:
-            raise FailedPrecondition(f"a tenant named {shown(name)} exists", "TENANT_EXISTS") from None
+            raise FailedPrecondition(
+                f"a tenant named {shown(name)} exists", "TENANT_EXISTS"
+            ) from None
         return await self.get(tenant_id)
 
     async def get(self, tenant_id: str) -> TenantRecord:
