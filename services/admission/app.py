@@ -78,7 +78,7 @@ async def main(settings: AdmissionSettings) -> None:
     scheduler = None
     background = [
         feed.run(),
-        OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic).run(),
+        OutboxRelay.from_settings(db, settings.common).run(),
     ]
     depth = QueueDepth()
     if settings.scheduler_address:

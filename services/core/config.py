@@ -6,6 +6,9 @@ import os
 from dataclasses import dataclass
 
 RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
+TOPIC_PARTITIONS = 8
+# Seconds the outbox keeps published rows, to publish again what a broker lost.
+REPUBLISH_WINDOW_SECONDS = 600.0
 
 
 def consumer_group(name: str, topic: str) -> str:
@@ -78,6 +81,8 @@ class CommonSettings:
     topic: str
     listen: str
     metrics_port: int
+    topic_partitions: int = TOPIC_PARTITIONS
+    republish_window: float = REPUBLISH_WINDOW_SECONDS
 
     @classmethod
     def from_env(cls, default_listen: str = "127.0.0.1:0") -> CommonSettings:
@@ -87,4 +92,6 @@ class CommonSettings:
             topic=env_str("TOLLGATE_TOPIC", RUN_EVENTS_TOPIC),
             listen=env_str("TOLLGATE_LISTEN", default_listen),
             metrics_port=env_int("TOLLGATE_METRICS_PORT", -1),
+            topic_partitions=env_int("TOLLGATE_TOPIC_PARTITIONS", TOPIC_PARTITIONS),
+            republish_window=env_float("TOLLGATE_REPUBLISH_WINDOW", REPUBLISH_WINDOW_SECONDS),
         )

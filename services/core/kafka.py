@@ -34,6 +34,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     for_code,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter
 
 from services.core.codec import from_proto, kind_of, to_proto
@@ -60,6 +61,21 @@ class Refused:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """An event the broker acknowledged, and where it put it."""
+
+    event: StoredEvent
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    acked: list[Acked]
+    refused: list[Refused]
+
+
 # What the producer or the broker says about one record rather than about the broker's
 # state: the same record is refused again, whatever the retries.
 _RECORD_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, CorruptRecordException)
@@ -80,10 +96,10 @@ class Publisher:
         with contextlib.suppress(Exception):
             await self._producer.stop()
 
-    async def publish(self, events: Sequence[StoredEvent]) -> list[Refused]:
-        """Returns once every event of `events` is acknowledged by all in-sync replicas but
-        those refused for themselves, which it returns. Any other error (the broker away)
-        raises, and then none of `events` is known to be published."""
+    async def publish(self, events: Sequence[StoredEvent]) -> Published:
+        """Returns once every event of `events` is acknowledged by all in-sync replicas, with
+        where each landed, but for those refused for themselves. Any other error (the broker
+        away) raises, and then none of `events` is known to be published."""
         refused: list[Refused] = []
         sent: list[tuple[StoredEvent, asyncio.Future[Any]]] = []
         for event in events:
@@ -104,12 +120,61 @@ class Publisher:
                 continue
             sent.append((event, future))
         results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        acked = []
         for (event, _), result in zip(sent, results, strict=True):
             if isinstance(result, _RECORD_ERRORS):
                 refused.append(Refused(event, repr(result)))
             elif isinstance(result, BaseException):
                 raise result
-        return refused
+            else:
+                acked.append(Acked(event, result.partition, result.offset))
+        return Published(acked, refused)
+
+
+class TopicWatch:
+    """What the broker holds of `topic`: its partitions and their end offsets, read without
+    joining a group or creating the topic; and the topic made again when it is gone."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+
+    async def __aenter__(self) -> TopicWatch:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(Exception):
+            await self._consumer.stop()
+
+    async def partition_ends(self) -> dict[int, int] | None:
+        """The end offset of each partition; None when the broker has no such topic."""
+        client = self._consumer._client
+        # Asked for by name, with creation refused: a request that allowed it would have
+        # the broker make the topic with its default partitions.
+        request = MetadataRequest([self.topic], allow_auto_topic_creation=False)
+        response = await client.send(client.get_random_node(), request)
+        [(error_code, _, _, partitions, *_)] = [t for t in response.topics if t[1] == self.topic]
+        if error_code or not partitions:
+            return None
+        tps = [TopicPartition(self.topic, p[1]) for p in partitions]
+        ends = await self._consumer.end_offsets(tps)
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    async def ensure(self, partitions: int) -> int:
+        """Makes the topic with `partitions` unless the broker has it; returns how many
+        partitions it has.
+
+        One that a client's request made meanwhile, with the broker's default count, is
+        kept: deleting it would leave consumer groups with committed positions in a log
+        that no longer exists, and they would skip the start of the new one.
+        """
+        ends = await self.partition_ends()
+        if ends is None:
+            await create_topic(self.bootstrap, self.topic, partitions)
+            ends = await self.partition_ends()
+        return len(ends or ())
 
 
 class EventConsumer:

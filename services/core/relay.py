@@ -16,6 +16,15 @@ An event the producer, the broker or the encoder refuses for itself (too large, 
 encodable) would be refused again on every pass, and hold up every event behind it:
 once refused `max_attempts` times it is set aside in `dead_letters`, counted and
 logged, and the relay goes on. The other events of its batch go out meanwhile.
+
+A broker can lose what it acknowledged: one that keeps its log in memory restarts
+empty, a cluster can lose a topic. Published rows therefore stay in the outbox for
+`republish_window` seconds with the partition and offset the broker gave them. A log
+that went back (an acknowledgement at an offset below one acknowledged before on the
+same partition, or a partition empty that held records) or a topic that is gone means
+the broker lost them: the relay makes the topic again with its partitions (unless a
+client's request made it meanwhile with the broker's default count: that one is kept) and
+publishes every kept row again, in order. Consumers dedupe by (run_id, seq) as for any redelivery.
 """
 
 from __future__ import annotations
@@ -28,10 +37,15 @@ import structlog
 from prometheus_client import Counter
 from psycopg.rows import dict_row
 
-from services.core.config import RUN_EVENTS_TOPIC
+from services.core.config import (
+    REPUBLISH_WINDOW_SECONDS,
+    RUN_EVENTS_TOPIC,
+    TOPIC_PARTITIONS,
+    CommonSettings,
+)
 from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import event_from_row
-from services.core.kafka import Publisher, Refused
+from services.core.kafka import Acked, Publisher, Refused, TopicWatch
 from services.core.runs import StoredEvent
 
 log = structlog.get_logger(__name__)
@@ -44,8 +58,50 @@ PUBLISHED = Counter("tollgate_relay_events_published", "Run events the relay pub
 DEAD_LETTERED = Counter(
     "tollgate_relay_events_dead_lettered", "Run events the relay set aside in dead_letters"
 )
+REPUBLISHED = Counter(
+    "tollgate_relay_events_republished",
+    "Run events published again after the broker lost them",
+)
 # Passes that may refuse an event before it is set aside.
 MAX_PUBLISH_ATTEMPTS = 3
+# How often a leading relay asks the broker whether it still holds what it acknowledged,
+# and how often it forgets rows older than the window.
+WATCH_INTERVAL = 2.0
+PRUNE_INTERVAL = 30.0
+
+
+class LostLog:
+    """Tells from the broker's acknowledgements and end offsets that it lost acknowledged
+    records (no I/O): offsets on a partition only grow while its log lives, and a
+    partition that held a record is never empty again.
+
+    Only emptiness is read from an end offset, not how far it reaches: the broker's end
+    may lag its acknowledgements (Tansu's is the start of its last batch, plus one). And
+    it is compared with the partitions acknowledged by the check before, so that a record
+    acknowledged a moment ago and not yet counted into the end is not taken for a loss.
+    """
+
+    def __init__(self, highest: Mapping[int, int] | None = None) -> None:
+        self.highest = dict(highest or {})
+        self._checked = set(self.highest)
+
+    def acked(self, partition: int, offset: int) -> bool:
+        """Records an acknowledgement; True when it is below one recorded before."""
+        went_back = offset < self.highest.get(partition, -1)
+        self.highest[partition] = max(offset, self.highest.get(partition, -1))
+        return went_back
+
+    def ends_lost(self, ends: Mapping[int, int] | None) -> bool:
+        """True when the topic is gone, or a partition that held acknowledged records by
+        the last check is empty; then counts what is acknowledged now as checked."""
+        checked, self._checked = self._checked, set(self.highest)
+        if ends is None:
+            return bool(checked)
+        return any(ends.get(p, 0) == 0 for p in checked)
+
+    def forget(self) -> None:
+        self.highest.clear()
+        self._checked.clear()
 
 
 class Refusals:
@@ -80,6 +136,9 @@ class OutboxRelay:
         takeover_interval: float = 0.5,
         lock_key: int = RELAY_LOCK_KEY,
         max_attempts: int = MAX_PUBLISH_ATTEMPTS,
+        partitions: int = TOPIC_PARTITIONS,
+        republish_window: float = REPUBLISH_WINDOW_SECONDS,
+        watch_interval: float = WATCH_INTERVAL,
     ) -> None:
         self.db = db
         self.bootstrap = bootstrap
@@ -90,6 +149,21 @@ class OutboxRelay:
         self.lock_key = lock_key
         self.is_leader = asyncio.Event()
         self.refusals = Refusals(max_attempts)
+        self.partitions = partitions
+        self.republish_window = republish_window
+        self.watch_interval = watch_interval
+        self.acks = LostLog()
+        self.log_went_back = False
+
+    @classmethod
+    def from_settings(cls, db: Database, settings: CommonSettings) -> OutboxRelay:
+        return cls(
+            db,
+            settings.kafka_bootstrap,
+            topic=settings.topic,
+            partitions=settings.topic_partitions,
+            republish_window=settings.republish_window,
+        )
 
     async def run(self) -> None:
         """Waits for the relay lock, then publishes until cancelled."""
@@ -114,15 +188,63 @@ class OutboxRelay:
 
     async def _lead(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-        async with Publisher(self.bootstrap, self.topic) as publisher:
+        async with (
+            Publisher(self.bootstrap, self.topic) as publisher,
+            TopicWatch(self.bootstrap, self.topic) as watch,
+        ):
+            self.acks = LostLog(await _highest_offsets(conn))
+            await self.check_broker(conn, watch)
             log.info("relay leading", topic=self.topic)
             self.is_leader.set()
+            loop = asyncio.get_running_loop()
+            watched = pruned = loop.time()
             try:
                 while True:
-                    if await self.publish_once(conn, publisher) < self.batch_size:
+                    published = await self.publish_once(conn, publisher)
+                    if self.log_went_back:
+                        await self.republish(conn, watch, "an acknowledgement went back")
+                    if loop.time() - watched >= self.watch_interval:
+                        await self.check_broker(conn, watch)
+                        watched = loop.time()
+                    if loop.time() - pruned >= PRUNE_INTERVAL:
+                        await self.prune(conn)
+                        pruned = loop.time()
+                    if published < self.batch_size:
                         await self._wait_for_notify(conn)
             finally:
                 self.is_leader.clear()
+
+    async def check_broker(self, conn: psycopg.AsyncConnection, watch: TopicWatch) -> None:
+        """Publishes every kept row again when the broker no longer holds what it acked."""
+        ends = await watch.partition_ends()
+        if self.acks.ends_lost(ends):
+            why = f"the topic ends at {ends}, acknowledged up to {self.acks.highest}"
+            await self.republish(conn, watch, why)
+        elif ends is None:
+            await watch.ensure(self.partitions)
+
+    async def republish(self, conn: psycopg.AsyncConnection, watch: TopicWatch, why: str) -> None:
+        num_partitions = await watch.ensure(self.partitions)
+        if num_partitions != self.partitions:
+            log.warning(
+                "the topic came back with the broker's default partitions",
+                topic=self.topic,
+                num_partitions=num_partitions,
+                expected=self.partitions,
+            )
+        cursor = await conn.execute(_REPUBLISH)
+        self.acks.forget()
+        self.log_went_back = False
+        REPUBLISHED.inc(cursor.rowcount)
+        log.warning(
+            "the broker lost acknowledged events: publishing them again",
+            topic=self.topic,
+            reason=why,
+            num_events=cursor.rowcount,
+        )
+
+    async def prune(self, conn: psycopg.AsyncConnection) -> None:
+        await conn.execute(_PRUNE, (self.republish_window,))
 
     async def _wait_for_notify(self, conn: psycopg.AsyncConnection) -> None:
         # Wakes on the first commit that appended events, or after
@@ -142,12 +264,14 @@ class OutboxRelay:
         ids, events = await self._fetch_batch(conn)
         if not events:
             return 0
-        # Deleted only once the broker has them all: a crash in between publishes them again.
-        refused = await publisher.publish(events)
+        # Marked only once the broker has them all: a crash in between publishes them again.
+        result = await publisher.publish(events)
         outbox_ids = {(e.run_id, e.seq): i for i, e in zip(ids, events, strict=True)}
-        refused_by_id = {outbox_ids[r.event.run_id, r.event.seq]: r for r in refused}
-        published = [i for i in ids if i not in refused_by_id]
+        refused_by_id = {outbox_ids[r.event.run_id, r.event.seq]: r for r in result.refused}
+        published = {outbox_ids[a.event.run_id, a.event.seq]: a for a in result.acked}
         await self.mark_published(conn, published)
+        for acked in result.acked:
+            self.log_went_back |= self.acks.acked(acked.partition, acked.offset)
         self.refusals.forget(published)
         PUBLISHED.inc(len(published))
         await self.set_aside(
@@ -163,8 +287,22 @@ class OutboxRelay:
             rows = await cursor.fetchall()
         return [row["outbox_id"] for row in rows], [event_from_row(row) for row in rows]
 
-    async def mark_published(self, conn: psycopg.AsyncConnection, ids: Sequence[int]) -> None:
-        await conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (list(ids),))
+    async def mark_published(
+        self, conn: psycopg.AsyncConnection, acked: Mapping[int, Acked]
+    ) -> None:
+        """Keeps the rows (by id) of `acked` for the window with where the broker put them,
+        or drops them at once without a window."""
+        if not self.republish_window:
+            await _delete(conn, list(acked))
+            return
+        await conn.execute(
+            _MARK_PUBLISHED,
+            (
+                list(acked),
+                [a.partition for a in acked.values()],
+                [a.offset for a in acked.values()],
+            ),
+        )
 
     async def set_aside(
         self, conn: psycopg.AsyncConnection, refused: Mapping[int, Refused]
@@ -182,7 +320,7 @@ class OutboxRelay:
                     [r.error[:2000] for r in events],
                 ),
             )
-            await self.mark_published(conn, list(refused))
+            await _delete(conn, list(refused))
         DEAD_LETTERED.inc(len(events))
         for r in events:
             log.error(
@@ -203,6 +341,35 @@ _FETCH_BATCH = """
     SELECT o.id AS outbox_id, e.run_id, e.seq, e.kind, e.tenant_id, e.payload, e.traceparent,
            e.created_at
     FROM outbox o JOIN run_events e ON e.run_id = o.run_id AND e.seq = o.seq
+    WHERE o.published_at IS NULL
     ORDER BY o.id
     LIMIT %s
 """
+_MARK_PUBLISHED = """
+    UPDATE outbox SET published_at = clock_timestamp(), kafka_partition = d.partition,
+                      kafka_offset = d.kafka_offset
+    FROM unnest(%s::bigint[], %s::int[], %s::bigint[]) AS d(id, partition, kafka_offset)
+    WHERE outbox.id = d.id
+"""
+_REPUBLISH = """
+    UPDATE outbox SET published_at = NULL, kafka_partition = NULL, kafka_offset = NULL
+    WHERE published_at IS NOT NULL
+"""
+_PRUNE = """
+    DELETE FROM outbox
+    WHERE published_at < clock_timestamp() - make_interval(secs => %s::float8)
+"""
+_HIGHEST = """
+    SELECT kafka_partition, max(kafka_offset) FROM outbox
+    WHERE published_at IS NOT NULL GROUP BY kafka_partition
+"""
+
+
+async def _delete(conn: psycopg.AsyncConnection, ids: Sequence[int]) -> None:
+    await conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (list(ids),))
+
+
+async def _highest_offsets(conn: psycopg.AsyncConnection) -> dict[int, int]:
+    """The highest offset acknowledged on each partition, of the rows kept."""
+    cursor = await conn.execute(_HIGHEST)
+    return {int(partition): int(offset) for partition, offset in await cursor.fetchall()}

@@ -51,6 +51,10 @@ outbox = sa.Table(
     sa.Column("id", sa.BigInteger, primary_key=True),
     sa.Column("run_id", sa.Text, nullable=False),
     sa.Column("seq", sa.BigInteger, nullable=False),
+    # Set once published; the row is kept for the relay's republish window.
+    sa.Column("published_at", sa.DateTime(timezone=True)),
+    sa.Column("kafka_partition", sa.Integer),
+    sa.Column("kafka_offset", sa.BigInteger),
 )
 
 tenants = sa.Table(

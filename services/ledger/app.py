@@ -80,7 +80,7 @@ async def main(settings: LedgerSettings) -> None:
     sweeper = Sweeper(
         db, settings.prices, interval=settings.sweep_interval, grace=settings.sweep_grace
     )
-    relay = OutboxRelay(db, common.kafka_bootstrap, topic=common.topic)
+    relay = OutboxRelay.from_settings(db, common)
     server, port, health_servicer = create_ledger_server(db, settings)
     metrics_port = start_metrics(common.metrics_port)
     address = bound_address(common.listen, port)

@@ -97,7 +97,7 @@ class SchedulerApp:
             topic=settings.common.topic,
             session_timeout_ms=settings.kafka_session_timeout_ms,
         )
-        self.relay = OutboxRelay(db, settings.common.kafka_bootstrap, topic=settings.common.topic)
+        self.relay = OutboxRelay.from_settings(db, settings.common)
         self.servicer = SchedulerServicer(
             self.state,
             Canceller(self.state, self.store, self.repository, self.clients),

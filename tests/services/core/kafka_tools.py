@@ -16,7 +16,8 @@ async def read_topic(
     try:
         partitions = consumer.partitions_for_topic(topic) or set()
         while not partitions:
-            await consumer.force_metadata_update()
+            await consumer._client.force_metadata_update()
+            await asyncio.sleep(0.1)
             partitions = consumer.partitions_for_topic(topic) or set()
         from aiokafka import TopicPartition
 
