@@ -1,8 +1,10 @@
 """Transactional outbox relay: committed run events → Kafka.
 
 One relay publishes at a time across all processes: the holder of a PostgreSQL
-session advisory lock.  When its process dies the session ends, the lock is
-released, and a waiting relay takes over within `takeover_interval`.
+session advisory lock (`services/core/leadership.py`).  When its process dies the
+session ends, the lock is released, and a waiting relay takes over within
+`takeover_interval`.  The relay queries on the lock's own connection, so a relay
+that lost it stops publishing with its next query.
 
 The outbox holds only unpublished rows, so an event whose transaction commits
 late is still there when it becomes visible and is published then; nothing
@@ -43,9 +45,10 @@ from services.core.config import (
     TOPIC_PARTITIONS,
     CommonSettings,
 )
-from services.core.db import EVENTS_CHANNEL, Database, libpq_url
+from services.core.db import EVENTS_CHANNEL, Database
 from services.core.eventstore import event_from_row
 from services.core.kafka import Acked, Publisher, Refused, TopicWatch
+from services.core.leadership import Leadership
 from services.core.runs import StoredEvent
 
 log = structlog.get_logger(__name__)
@@ -145,9 +148,7 @@ class OutboxRelay:
         self.topic = topic
         self.batch_size = batch_size
         self.poll_interval = poll_interval
-        self.takeover_interval = takeover_interval
-        self.lock_key = lock_key
-        self.is_leader = asyncio.Event()
+        self.leadership = Leadership(db, lock_key, name="relay", takeover_interval=takeover_interval)
         self.refusals = Refusals(max_attempts)
         self.partitions = partitions
         self.republish_window = republish_window
@@ -165,26 +166,13 @@ class OutboxRelay:
             republish_window=settings.republish_window,
         )
 
+    @property
+    def is_leader(self) -> asyncio.Event:
+        return self.leadership.is_leader
+
     async def run(self) -> None:
         """Waits for the relay lock, then publishes until cancelled."""
-        conninfo = libpq_url(self.db.url.render_as_string(hide_password=False))
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                    await self._wait_for_lock(conn)
-                    await self._lead(conn)
-            except Exception as exc:  # database or broker trouble: back off, compete again
-                log.warning("relay stopped leading", error=str(exc))
-                self.is_leader.clear()
-                await asyncio.sleep(self.takeover_interval)
-
-    async def _wait_for_lock(self, conn: psycopg.AsyncConnection) -> None:
-        while True:
-            cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_key,))
-            row = await cursor.fetchone()
-            if row and row[0]:
-                return
-            await asyncio.sleep(self.takeover_interval)
+        await self.leadership.run(self._lead)
 
     async def _lead(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
@@ -195,24 +183,20 @@ class OutboxRelay:
             self.acks = LostLog(await _highest_offsets(conn))
             await self.check_broker(conn, watch)
             log.info("relay leading", topic=self.topic)
-            self.is_leader.set()
             loop = asyncio.get_running_loop()
             watched = pruned = loop.time()
-            try:
-                while True:
-                    published = await self.publish_once(conn, publisher)
-                    if self.log_went_back:
-                        await self.republish(conn, watch, "an acknowledgement went back")
-                    if loop.time() - watched >= self.watch_interval:
-                        await self.check_broker(conn, watch)
-                        watched = loop.time()
-                    if loop.time() - pruned >= PRUNE_INTERVAL:
-                        await self.prune(conn)
-                        pruned = loop.time()
-                    if published < self.batch_size:
-                        await self._wait_for_notify(conn)
-            finally:
-                self.is_leader.clear()
+            while True:
+                published = await self.publish_once(conn, publisher)
+                if self.log_went_back:
+                    await self.republish(conn, watch, "an acknowledgement went back")
+                if loop.time() - watched >= self.watch_interval:
+                    await self.check_broker(conn, watch)
+                    watched = loop.time()
+                if loop.time() - pruned >= PRUNE_INTERVAL:
+                    await self.prune(conn)
+                    pruned = loop.time()
+                if published < self.batch_size:
+                    await self._wait_for_notify(conn)
 
     async def check_broker(self, conn: psycopg.AsyncConnection, watch: TopicWatch) -> None:
         """Publishes every kept row again when the broker no longer holds what it acked."""

@@ -1,9 +1,16 @@
-"""The scheduler process: its settings, its parts wired together, the server, `main`."""
+"""The scheduler process: its settings, its parts wired together, the server, `main`.
+
+Schedulers run as replicas; one leads (`services/core/leadership.py`): only the leader
+takes runs in, dispatches, watches workers and recovers their runs.  Followers keep the
+worker registry (every worker registers with and heartbeats to every scheduler), so a
+new leader knows the fleet at once, and answer CancelRun from the projection; they drop
+admission's hints, which the leader's Kafka trigger and rescan make up for.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
+from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +22,14 @@ from services.core import server as core_server
 from services.core.config import CommonSettings, env_float, env_int, env_map
 from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
+from services.core.leadership import Leadership
 from services.core.relay import OutboxRelay
 from services.scheduler import metrics
 from services.scheduler.cancel import Canceller
 from services.scheduler.dispatcher import Dispatcher
 from services.scheduler.intake import EventTrigger, Intake
 from services.scheduler.liveness import LivenessChecker
+from services.scheduler.records import QueuedRun
 from services.scheduler.recovery import Recovery
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.servicer import SchedulerServicer
@@ -31,6 +40,9 @@ from services.scheduler.workers import WorkerRegistry
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
+
+# Arbitrary constant naming the scheduler's advisory lock.
+SCHEDULER_LOCK_KEY = 0x7363686C  # "schl"
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
@@ -46,6 +58,8 @@ class SchedulerSettings:
     max_skip_age: float = 30.0
     block_size: int = 16
     kafka_session_timeout_ms: int = 10_000
+    # How often a follower tries to take over, and a leader checks it still leads.
+    takeover_interval: float = 0.5
 
     @classmethod
     def from_env(cls) -> SchedulerSettings:
@@ -58,6 +72,7 @@ class SchedulerSettings:
             max_skip_age=env_float("TOLLGATE_SCHEDULER_MAX_SKIP_SECONDS", 30.0),
             block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
             kafka_session_timeout_ms=env_int("TOLLGATE_KAFKA_SESSION_TIMEOUT_MS", 10_000),
+            takeover_interval=env_float("TOLLGATE_SCHEDULER_TAKEOVER_INTERVAL", 0.5),
         )
 
 
@@ -66,7 +81,7 @@ class SchedulerApp:
 
     def __init__(self, settings: SchedulerSettings, db: Database) -> None:
         self.settings = settings
-        registry = WorkerRegistry()
+        registry = WorkerRegistry(settings.worker_timeout)
         for worker_id, address in settings.workers.items():
             registry.add_static(worker_id, address)
         self.state = SchedulerState(registry, settings.max_skip_age)
@@ -98,35 +113,64 @@ class SchedulerApp:
             session_timeout_ms=settings.kafka_session_timeout_ms,
         )
         self.relay = OutboxRelay.from_settings(db, settings.common)
+        self.leadership = Leadership(
+            db,
+            SCHEDULER_LOCK_KEY,
+            name="scheduler",
+            takeover_interval=settings.takeover_interval,
+            check_interval=settings.takeover_interval,
+        )
         self.servicer = SchedulerServicer(
             self.state,
             Canceller(self.state, self.store, self.repository, self.clients),
             heartbeat_interval=settings.heartbeat_interval,
             on_register=self.liveness.poll_now.set,
-            on_queued=self.intake.take,
-            on_hinted=self.intake.take_hinted,
+            on_queued=self._take_queued,
+            on_hinted=self._take_hinted,
             block_size=settings.block_size,
         )
         metrics.observe_state(self.state)
 
     async def rescan(self) -> None:
-        """The projection as source of truth: at start and every `rescan_seconds`."""
+        """The projection as source of truth: every `rescan_seconds`."""
         while True:
+            await asyncio.sleep(self.settings.rescan_seconds)
             try:
-                await self.intake.scan()
-                await self.tracker.sync()
+                await self.refresh()
             except Exception:
                 log.exception("rescan failed")
-            await asyncio.sleep(self.settings.rescan_seconds)
+
+    async def refresh(self) -> None:
+        await self.intake.scan()
+        await self.tracker.sync()
+
+    async def lead(self, _: object = None) -> None:
+        """One term as leader: from the projection as it is now, until cancelled."""
+        try:
+            # Before anything acts on them: what a former term left may be stale.
+            await self.refresh()
+            await asyncio.gather(
+                self.rescan(), self.dispatcher.run(), self.liveness.run(), self.trigger.run()
+            )
+        finally:
+            self._stand_down()
+
+    def _stand_down(self) -> None:
+        """Forgets the term's queue and assignments; the next leader reads them again."""
+        for run_id, assignment in list(self.state.assignments.items()):
+            self.state.forget(run_id, assignment.lease_epoch)
+        for run_id in list(self.state.queued):
+            self.state.dequeue(run_id)
+        log.info("scheduler no longer leading")
+
+    async def _take_queued(self, run_ids: Collection[str]) -> int:
+        return await self.intake.take(run_ids) if self.leadership.is_leader.is_set() else 0
+
+    def _take_hinted(self, runs: Collection[QueuedRun]) -> int:
+        return self.intake.take_hinted(runs) if self.leadership.is_leader.is_set() else 0
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
-        return [
-            self.rescan(),
-            self.dispatcher.run(),
-            self.liveness.run(),
-            self.trigger.run(),
-            self.relay.run(),
-        ]
+        return [self.leadership.run(self.lead), self.relay.run()]
 
     async def close(self) -> None:
         await self.clients.close()
@@ -144,12 +188,15 @@ def create_server(
     return core_server.create_server(listen, add)
 
 
-async def _announce(listen: str, port: int, trigger_ready: asyncio.Event) -> None:
-    """Prints READY once the Kafka trigger holds its partitions, so that runs queued after
-    start-up are dispatched at once rather than at the next rescan. A broker that does not
-    answer delays READY by at most `_TRIGGER_WAIT_S`: the rescan keeps the scheduler working."""
+async def _announce(listen: str, port: int, app: SchedulerApp) -> None:
+    """Prints READY once this scheduler follows, or leads and its Kafka trigger holds its
+    partitions, so that runs queued after start-up are dispatched at once rather than at
+    the next rescan. A broker that does not answer delays READY by at most
+    `_TRIGGER_WAIT_S`: the rescan keeps the scheduler working."""
+    await app.leadership.decided.wait()
     try:
-        await asyncio.wait_for(trigger_ready.wait(), _TRIGGER_WAIT_S)
+        if app.leadership.is_leader.is_set():
+            await asyncio.wait_for(app.trigger.ready.wait(), _TRIGGER_WAIT_S)
     except TimeoutError:
         log.warning("announcing before the Kafka trigger joined", waited_s=_TRIGGER_WAIT_S)
     core_server.announce(core_server.bound_address(listen, port))
@@ -173,7 +220,7 @@ async def main(settings: SchedulerSettings) -> None:
             server,
             health_servicer,
             [SERVICE_NAME],
-            [*app.background(), _announce(settings.common.listen, port, app.trigger.ready)],
+            [*app.background(), _announce(settings.common.listen, port, app)],
         )
     finally:
         await app.close()

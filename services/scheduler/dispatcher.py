@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import structlog
@@ -120,13 +121,17 @@ class Dispatcher:
         self, run: QueuedRun, worker_id: str, address: str
     ) -> AssignOutcome | None:
         """The worker's answer, or None when the run was no longer queued."""
-        leased = await self.repository.lease_if_queued(run.run_id, worker_id, run.last_seq)
+        leased = await self.repository.lease_if_queued(
+            run.run_id, worker_id, run.last_seq, run.lease_epoch
+        )
         if leased is None:
-            log.info("run no longer queued; dropped")
+            log.info("run no longer queued, or leased since; dropped")
             self.rejections.pop(run.run_id, None)
             self.state.settle(run.run_id)
             return None
         grant = Grant(lease_epoch=leased[0], last_seq=leased[1])
+        # Should it come back to the queue, it is leased again from this epoch.
+        run = dataclasses.replace(run, lease_epoch=grant.lease_epoch)
         result = await self.clients.assign(address, run, grant)
         metrics.DISPATCHES.labels(outcome=str(result.outcome)).inc()
         if result.outcome == AssignOutcome.ASSIGNED:

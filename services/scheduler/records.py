@@ -28,6 +28,9 @@ class QueuedRun:
     queued_at: float  # epoch seconds of its latest `queued` event
     weight: int
     num_kv_blocks: int
+    # The lease epoch it was read at: a lease is taken only from that epoch, so of two
+    # dispatchers that read the same run, one leases it.
+    lease_epoch: int = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -61,6 +64,7 @@ def queued_run(
     queued_at: float,
     weight: int,
     block_size: int,
+    lease_epoch: int = 0,
 ) -> QueuedRun:
     """A QueuedRun from the projection's columns and its latest `queued` event."""
     return QueuedRun(
@@ -75,6 +79,7 @@ def queued_run(
         queued_at=queued_at,
         weight=weight,
         num_kv_blocks=num_kv_blocks_of(payload, block_size),
+        lease_epoch=lease_epoch,
     )
 
 

@@ -14,10 +14,12 @@ from services.scheduler.records import QueuedRun, RunStatus, queued_run
 ACTIVE_STATES = (str(RunState.PREFILL), str(RunState.STREAMING))
 
 
-# A lease for a run still queued at the seq the scheduler knows; the run's row as it is after.
+# A lease for a run still queued at the seq and lease epoch the scheduler knows; the run's
+# row as it is after. The epoch it moves is the fence: of two leases from one reading, the
+# second finds the epoch changed.
 _LEASE_IF_QUEUED = """
     UPDATE runs SET lease_epoch = lease_epoch + 1, owner = %s
-    WHERE run_id = %s AND state = %s AND last_seq = %s
+    WHERE run_id = %s AND state = %s AND last_seq = %s AND lease_epoch = %s
     RETURNING lease_epoch, last_seq
 """
 
@@ -59,6 +61,7 @@ class SchedulerRepository:
                 runs.c.model,
                 runs.c.priority,
                 runs.c.last_seq,
+                runs.c.lease_epoch,
                 runs.c.created_at,
                 sa.func.coalesce(tenants.c.weight, 1).label("weight"),
                 latest.c.payload,
@@ -89,18 +92,22 @@ class SchedulerRepository:
             queued_at=row["queued_at"].timestamp(),
             weight=row["weight"],
             block_size=self.block_size,
+            lease_epoch=row["lease_epoch"],
         )
 
     async def lease_if_queued(
-        self, run_id: str, owner: str, last_seq: int
+        self, run_id: str, owner: str, last_seq: int, lease_epoch: int
     ) -> tuple[int, int] | None:
-        """acquire_lease for a run still queued at `last_seq`: (lease_epoch, last_seq) or None.
+        """acquire_lease for a run still queued at `last_seq` and `lease_epoch`:
+        (lease_epoch, last_seq) after, or None.
 
-        The guard keeps a run that ended meanwhile (a cancel) from being handed out, and
-        one queued again since (its worker was lost) from going out with stale details.
+        The guard keeps a run that ended meanwhile (a cancel) from being handed out, one
+        queued again since (its worker was lost) from going out with stale details, and
+        one leased since (by another scheduler) from being leased twice.
         """
+        parameters = (owner, run_id, str(RunState.QUEUED), last_seq, lease_epoch)
         async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
-            await cursor.execute(_LEASE_IF_QUEUED, (owner, run_id, str(RunState.QUEUED), last_seq))
+            await cursor.execute(_LEASE_IF_QUEUED, parameters)
             row = await cursor.fetchone()
         return (int(row["lease_epoch"]), int(row["last_seq"])) if row else None
 

@@ -9,11 +9,11 @@ from datetime import UTC
 
 import grpc
 
-from services.core.errors import FieldViolation, InvalidArgument, rpc_errors
+from services.core.errors import FailedPrecondition, FieldViolation, InvalidArgument, rpc_errors
 from services.scheduler.cancel import Canceller
 from services.scheduler.records import QueuedRun, queued_run
 from services.scheduler.state import SchedulerState
-from services.scheduler.workers import WorkerReport
+from services.scheduler.workers import WorkerIdTaken, WorkerReport
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -55,9 +55,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.RegisterWorkerResponse:
         _require(worker_id=request.worker_id, address=request.address)
-        self.state.registry.register(
-            request.worker_id, request.address, request.model, time.monotonic()
-        )
+        try:
+            self.state.registry.register(
+                request.worker_id, request.address, request.model, time.monotonic()
+            )
+        except WorkerIdTaken as taken:
+            raise FailedPrecondition(
+                f"{taken}; give each worker its own TOLLGATE_WORKER_ID",
+                "WORKER_ID_TAKEN",
+                {"worker_id": taken.worker_id, "address": taken.address},
+            ) from None
         self.on_register()
         return scheduler_pb2.RegisterWorkerResponse(
             heartbeat_interval_seconds=self.heartbeat_interval

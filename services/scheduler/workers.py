@@ -3,6 +3,9 @@
 Pure bookkeeping; callers pass the time (monotonic seconds).  A worker is
 known from configuration (static: kept across outages, alive again once it
 answers) or from RegisterWorker (forgotten when lost; it registers again).
+A worker id names one process: registering an id that another address holds and
+has been heard from within `live_timeout` is refused (`WorkerIdTaken`); the same
+address registering again (the worker restarted there) is accepted.
 Its free blocks are the last value it reported, lowered locally by every run
 assigned since, so dispatch does not pile runs onto one worker between reports.
 """
@@ -57,24 +60,43 @@ class Worker:
         return max(self.num_total_blocks, self.num_free_blocks)
 
 
+class WorkerIdTaken(Exception):
+    def __init__(self, worker_id: str, address: str) -> None:
+        super().__init__(f"worker id {worker_id!r} is held by a live worker at {address}")
+        self.worker_id = worker_id
+        self.address = address
+
+
 class WorkerRegistry:
     """Known workers by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, live_timeout: float = 5.0) -> None:
         self._workers: dict[str, Worker] = {}
+        self.live_timeout = live_timeout
 
     def add_static(self, worker_id: str, address: str) -> None:
         """A configured worker: dispatchable once it first answers a status poll."""
         self._workers[worker_id] = Worker(worker_id, address, static=True)
 
     def register(self, worker_id: str, address: str, model: str, now: float) -> None:
+        """Adds or renews `worker_id` at `address`; raises WorkerIdTaken (see above)."""
         worker = self._workers.get(worker_id)
+        if worker is not None and self._held_elsewhere(worker, address, now):
+            raise WorkerIdTaken(worker_id, worker.address)
         if worker is None:
             worker = self._workers[worker_id] = Worker(worker_id, address)
         worker.address = address
         worker.model = model
         # Free blocks stay unknown (0) until the first heartbeat or status.
         self._see(worker, now)
+
+    def _held_elsewhere(self, worker: Worker, address: str, now: float) -> bool:
+        return (
+            worker.address != address
+            and worker.alive
+            and not worker.static
+            and now - worker.last_seen <= self.live_timeout
+        )
 
     def heartbeat(self, worker_id: str, report: WorkerReport, now: float) -> bool:
         """Applies a heartbeat; False when the worker is unknown and must register."""

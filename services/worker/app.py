@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
+import socket
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -43,6 +46,7 @@ class WorkerSettings:
     model_name: str
     model_dir: str
     engine: EngineConfig
+    # Every scheduler replica's host:port (comma-separated): the worker registers with each.
     scheduler_address: str
     drain_seconds: int
     events_per_second: float
@@ -56,7 +60,7 @@ class WorkerSettings:
         [(name, directory)] = models.items()
         return cls(
             common=CommonSettings.from_env("127.0.0.1:0"),
-            worker_id=env_str("TOLLGATE_WORKER_ID", "worker-1"),
+            worker_id=env_str("TOLLGATE_WORKER_ID", "") or default_worker_id(),
             model_name=name,
             model_dir=directory,
             engine=EngineConfig(
@@ -103,6 +107,11 @@ def engine_threads(configured: int, reserved_cores: int) -> int | None:
     return None
 
 
+def default_worker_id() -> str:
+    """Unique per process, so that replicas and restarts never share an id."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
 def _optional(choice: str) -> str | None:
     return None if choice == "none" else choice
 
@@ -132,7 +141,12 @@ async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> N
             )
             registered = beat.known
         except grpc.aio.AioRpcError as error:
-            log.warning("heartbeat failed", code=error.code().name)
+            log.warning(
+                "heartbeat failed",
+                scheduler=scheduler_address,
+                code=error.code().name,
+                details=error.details(),
+            )
             registered = False
         await asyncio.sleep(interval)
 
@@ -185,7 +199,11 @@ async def main(settings: WorkerSettings) -> None:
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", address)
-        background.append(heartbeat(core, settings.scheduler_address, advertised))
+        background.extend(
+            heartbeat(core, scheduler.strip(), advertised)
+            for scheduler in settings.scheduler_address.split(",")
+            if scheduler.strip()
+        )
     metrics_port = start_metrics(settings.common.metrics_port)
     log.info("serving", address=address, metrics_port=metrics_port, model=settings.model_name)
     try:
