@@ -33,6 +33,7 @@ class RunningScheduler:
     app: SchedulerApp
     stub: scheduler_pb2_grpc.SchedulerServiceStub
     address: str
+    stop: Callable[[], Awaitable[None]]
 
 
 StartScheduler = Callable[..., Awaitable[RunningScheduler]]
@@ -45,7 +46,10 @@ async def start_scheduler(
     """Starts an in-process scheduler with fast timings; stopped after the test."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
 
-    async def start(workers: Mapping[str, str] | None = None, **overrides: Any) -> RunningScheduler:
+    async def start(
+        workers: Mapping[str, str] | None = None, *, lead: bool = False, **overrides: Any
+    ) -> RunningScheduler:
+        """`lead`: leads without the lock, as a split brain would."""
         bootstrap = overrides.pop("kafka_bootstrap", kafka_bootstrap)
         common = CommonSettings(database_url, bootstrap, kafka_topic, "127.0.0.1:0", -1)
         options: dict[str, Any] = {
@@ -62,20 +66,24 @@ async def start_scheduler(
         app.trigger.group_id = f"scheduler-test-{uuid.uuid4().hex[:8]}"
         server, port, _ = create_server(settings.common.listen, app)
         await server.start()
-        tasks = [asyncio.create_task(job) for job in app.background()]
+        jobs = [app.lead(), app.relay.run()] if lead else app.background()
+        tasks = [asyncio.create_task(job) for job in jobs]
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
 
         async def stop() -> None:
+            if not tasks:
+                return
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await channel.close()
             await server.stop(0)
             await app.close()
+            tasks.clear()
 
         cleanups.append(stop)
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-        return RunningScheduler(app, stub, f"127.0.0.1:{port}")
+        return RunningScheduler(app, stub, f"127.0.0.1:{port}", stop)
 
     yield start
     for cleanup in reversed(cleanups):

@@ -11,7 +11,8 @@ from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, NewRun, RunState
 from services.core.schema import tenants
-from tests.services.scheduler.fakes import BLOCK_SIZE
+from tests.services.scheduler.fakes import BLOCK_SIZE, FakeWorker
+from tollgate.v1 import scheduler_pb2
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -65,3 +66,22 @@ async def wait_for(
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(interval)
+
+
+async def heartbeats(scheduler, worker: FakeWorker) -> None:  # type: ignore[no-untyped-def]
+    """What a real worker does: register, then heartbeat; register again when forgotten."""
+    register = scheduler_pb2.RegisterWorkerRequest(
+        worker_id=worker.worker_id, address=worker.address, model=worker.model
+    )
+    reply = await scheduler.stub.RegisterWorker(register)
+    while True:
+        beat = await scheduler.stub.Heartbeat(
+            scheduler_pb2.HeartbeatRequest(
+                worker_id=worker.worker_id,
+                num_free_blocks=worker.free_blocks,
+                running_run_ids=worker.running(),
+            )
+        )
+        if not beat.known:
+            await scheduler.stub.RegisterWorker(register)
+        await asyncio.sleep(reply.heartbeat_interval_seconds)

@@ -8,27 +8,8 @@ import pytest
 from services.core.eventstore import EventStore, StaleLease
 from services.core.runs import NewEvent, RunState
 from tests.services.scheduler.fakes import FakeWorker
-from tests.services.scheduler.helpers import queue_run, wait_for
+from tests.services.scheduler.helpers import heartbeats, queue_run, wait_for
 from tollgate.v1 import scheduler_pb2
-
-
-async def heartbeats(scheduler, worker: FakeWorker) -> None:  # type: ignore[no-untyped-def]
-    """What a real worker does: register, then heartbeat; register again when forgotten."""
-    register = scheduler_pb2.RegisterWorkerRequest(
-        worker_id=worker.worker_id, address=worker.address, model=worker.model
-    )
-    reply = await scheduler.stub.RegisterWorker(register)
-    while True:
-        beat = await scheduler.stub.Heartbeat(
-            scheduler_pb2.HeartbeatRequest(
-                worker_id=worker.worker_id,
-                num_free_blocks=worker.free_blocks,
-                running_run_ids=worker.running(),
-            )
-        )
-        if not beat.known:
-            await scheduler.stub.RegisterWorker(register)
-        await asyncio.sleep(reply.heartbeat_interval_seconds)
 
 
 async def test_a_lost_workers_runs_are_requeued_or_failed(
