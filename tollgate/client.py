@@ -30,6 +30,7 @@ from tollgate.stream import Stream
 from tollgate.transport import (
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
+    Addresses,
     Messages,
     SyncUnary,
     bearer,
@@ -64,14 +65,15 @@ class _Base:
 
     def __init__(
         self,
-        address: str,
+        address: Addresses,
         secret: str,
         *,
-        ledger_address: str | None,
+        ledger_address: Addresses | None,
         timeout: float | None,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
     ) -> None:
+        # Several gateways: calls spread over them (`tollgate.transport.channel_target`).
         self._channel = open_channel(address, credentials, options)
         self._ledger_channel = (
             open_channel(ledger_address, credentials, options)
@@ -157,10 +159,10 @@ class Client(_Base):
 
     def __init__(
         self,
-        address: str,
+        address: Addresses,
         api_key: str,
         *,
-        ledger_address: str | None = None,
+        ledger_address: Addresses | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         stream_timeout: float | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
@@ -279,10 +281,10 @@ class AdminClient(_Base):
 
     def __init__(
         self,
-        address: str,
+        address: Addresses,
         admin_token: str,
         *,
-        ledger_address: str | None = None,
+        ledger_address: Addresses | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),

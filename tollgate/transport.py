@@ -9,6 +9,7 @@ channel (`grpc.aio` against `grpc`) and the callables whose result is awaited.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -40,15 +41,23 @@ def bearer(secret: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {secret}"),)
 
 
+# Gateway addresses: one `host:port`, several comma-separated, or a sequence of them.
+Addresses = str | Sequence[str]
+
+
 def open_channel(
-    address: str, credentials: grpc.ChannelCredentials | None, options: Sequence[tuple[str, Any]]
+    address: Addresses,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, Any]],
 ) -> grpc.Channel:
     """A channel for the synchronous client: TLS with `credentials`, plaintext without."""
     return _open(grpc, address, credentials, options)
 
 
 def open_async_channel(
-    address: str, credentials: grpc.ChannelCredentials | None, options: Sequence[tuple[str, Any]]
+    address: Addresses,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, Any]],
 ) -> grpc.aio.Channel:
     """The same for the asyncio client."""
     return _open(grpc.aio, address, credentials, options)
@@ -56,11 +65,56 @@ def open_async_channel(
 
 def _open(
     module: Any,
-    address: str,
+    address: Addresses,
     credentials: grpc.ChannelCredentials | None,
     options: Sequence[tuple[str, Any]],
 ) -> Any:
+    target, balancing = channel_target(address)
+    options = [*balancing, *options]
     # `grpc` and `grpc.aio` spell both channel constructors alike.
     if credentials is None:
-        return module.insecure_channel(address, options=list(options))
-    return module.secure_channel(address, credentials, options=list(options))
+        return module.insecure_channel(target, options=options)
+    return module.secure_channel(target, credentials, options=options)
+
+
+def split_addresses(address: Addresses) -> list[str]:
+    parts = address.split(",") if isinstance(address, str) else list(address)
+    return [part.strip() for part in parts if part.strip()]
+
+
+def channel_target(address: Addresses) -> tuple[str, list[tuple[str, Any]]]:
+    """The channel target for `address`, and the options that balance it.
+
+    One address is used as it is. Several become one target of their IP addresses that
+    gRPC's round_robin policy spreads calls over: each call goes to a gateway that is
+    connected, so a call retried after UNAVAILABLE (a resume) reaches another gateway
+    while the one that failed is down.
+    """
+    addresses = split_addresses(address)
+    if len(addresses) == 1:
+        return addresses[0], []
+    if not addresses:
+        raise ValueError("no gateway address")
+    resolved = [_resolve(a) for a in addresses]
+    family = "ipv6" if all(ip.startswith("[") for ip in resolved) else "ipv4"
+    # A target lists addresses of one family; a name that has both resolves to both.
+    chosen = [ip for ip in resolved if ip.startswith("[") == (family == "ipv6")]
+    if not chosen:
+        raise ValueError(f"gateway addresses of mixed families: {address!r}")
+    authority = addresses[0]
+    return f"{family}:{','.join(chosen)}", [
+        ("grpc.lb_policy_name", "round_robin"),
+        # TLS checks the certificate against the name the caller gave, not an IP.
+        ("grpc.default_authority", authority),
+    ]
+
+
+def _resolve(address: str) -> str:
+    """`host:port` as `ip:port` (`[ip6]:port`)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"gateway address {address!r} is not host:port")
+    host = host.strip("[]")
+    family, *_, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+    ip = str(sockaddr[0])
+    return f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"

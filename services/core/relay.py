@@ -148,7 +148,9 @@ class OutboxRelay:
         self.topic = topic
         self.batch_size = batch_size
         self.poll_interval = poll_interval
-        self.leadership = Leadership(db, lock_key, name="relay", takeover_interval=takeover_interval)
+        self.leadership = Leadership(
+            db, lock_key, name="relay", takeover_interval=takeover_interval
+        )
         self.refusals = Refusals(max_attempts)
         self.partitions = partitions
         self.republish_window = republish_window

@@ -20,8 +20,15 @@ from services.core.db import open_db
 from services.core.telemetry import configure_logging
 from services.stack.bootstrap import demo_key
 from services.stack.infra import LocalInfra
-from services.stack.launcher import Services, StackConfig
+from services.stack.launcher import (
+    SERVICE_NAMES,
+    ServiceProcess,
+    Services,
+    StackConfig,
+    parse_replicas,
+)
 from services.stack.server_process import InfraError
+from services.stack.supervisor import Supervisor
 
 DEFAULT_DATA_DIR = Path(".tollgate/stack")
 STACK_FILE = "stack.json"
@@ -57,7 +64,22 @@ def register(subparsers: Any) -> None:
         default=8080,
         help="port of the OpenAI-compatible HTTP API (default: 8080, 0 = any free port)",
     )
+    up.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=parse_replicas(""),
+        metavar="NAME=N,...",
+        help="processes per service, e.g. admission=2,scheduler=2,worker=2,ledger=2"
+        " (default: 1 each)",
+    )
     up.set_defaults(func=up_command)
+
+
+def _replicas(text: str) -> dict[str, int]:
+    try:
+        return parse_replicas(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def ensure_model(args: argparse.Namespace, data_dir: Path) -> tuple[str, Path]:
@@ -98,35 +120,35 @@ def up_command(args: argparse.Namespace) -> int:
                 gateway_listen=f"127.0.0.1:{args.port}",
                 http_listen=f"127.0.0.1:{args.http_port}",
             )
-            services = Services(config, data_dir / "logs")
+            services = Services(config, data_dir / "logs", args.replicas)
+            path = data_dir / STACK_FILE
+            supervisor = Supervisor(services)
             try:
-                processes = services.start()
+                services.start()
                 stack = {
-                    "gateway": processes["admission"].address,
-                    "http": processes["admission"].endpoints["http"],
+                    **stack_description(services),
                     "admin_token": config.admin_token,
                     "api_key": api_key,
                     "database_url": config.database_url,
                     "kafka_bootstrap": config.kafka_bootstrap,
                     "model": model_name,
                     "model_dir": str(model_dir),
-                    "services": {
-                        name: {
-                            "pid": p.pid,
-                            "address": p.address,
-                            "metrics": f"http://127.0.0.1:{p.metrics_port}/metrics",
-                        }
-                        for name, p in processes.items()
-                    },
                 }
-                path = write_stack_file(data_dir / STACK_FILE, stack)
+                write_stack_file(path, stack)
+
+                def restarted(_: ServiceProcess) -> None:
+                    write_stack_file(path, {**stack, **stack_description(services)})
+
+                supervisor.on_restart = restarted
+                supervisor.start()
                 print(json.dumps(redacted(stack), indent=2), flush=True)
-                print(f"stack file (with the admin token and API key): {path}", flush=True)
+                print(f"stack file (with the admin token and API key): {path.resolve()}")
                 print("Ctrl-C stops the stack.", flush=True)
                 stopping.wait()
             finally:
+                supervisor.stop()
                 services.stop()
-                (data_dir / STACK_FILE).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
     except InfraError as exc:
         log.error("stack failed", error=str(exc))
         return 1
@@ -141,12 +163,36 @@ async def _demo_key(database_url: str) -> str:
         await db.dispose()
 
 
+def stack_description(services: Services) -> dict[str, Any]:
+    """The addresses and pids of the stack's processes, as stack.json gives them."""
+    gateways = services.of("admission")
+    return {
+        "gateway": gateways[0].address,
+        "gateways": [p.address for p in gateways],
+        "http": gateways[0].endpoints["http"],
+        "services": {
+            service: [
+                {
+                    "pid": p.pid,
+                    "address": p.address,
+                    "metrics": f"http://127.0.0.1:{p.metrics_port}/metrics",
+                }
+                for p in services.of(service)
+            ]
+            for service in SERVICE_NAMES
+        },
+    }
+
+
 def write_stack_file(path: Path, stack: dict[str, Any]) -> Path:
-    # Only the owner may read the secrets in it.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Only the owner may read the secrets in it; renamed into place, so that a reader
+    # never sees half of it.
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(stack, out, indent=2)
         out.write("\n")
+    partial.replace(path)
     return path.resolve()
 
 

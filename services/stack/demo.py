@@ -156,7 +156,7 @@ def main() -> int:
         client = Client(
             stack["gateway"],
             stack["api_key"],
-            ledger_address=stack["services"]["ledger"]["address"],
+            ledger_address=stack["services"]["ledger"][0]["address"],
         )
         first = stream_with_a_cut(stack)
         second = cancel_while_streaming(client, stack["model"])

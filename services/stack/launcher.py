@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,8 +77,16 @@ class StackConfig:
 class ServiceProcess:
     """One service child process; it dies with the process that started it."""
 
-    def __init__(self, name: str, module: str, env: Mapping[str, str], log_path: Path) -> None:
-        self.name = name
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        service: str | None = None,
+    ) -> None:
+        self.name = name  # this process: the service's name, `-2`, `-3` … for more replicas
+        self.service = service or name
         self.module = module
         self.env = dict(env)
         self.log_path = log_path
@@ -145,18 +153,53 @@ class ServiceProcess:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
+    def exit_status(self) -> int | None:
+        """None while it runs (or was stopped), else how it exited."""
+        return None if self.process is None else self.process.poll()
+
+    def restart(self) -> str:
+        """Starts it again, on the addresses it had, and waits until it is ready."""
+        if self.address:
+            self.env["TOLLGATE_LISTEN"] = self.address
+        if "http" in self.endpoints:
+            self.env["TOLLGATE_HTTP_LISTEN"] = self.endpoints["http"].removeprefix("http://")
+        self.start()
+        return self.wait_ready()
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         process, self.process = self.process, None
         stop_process(self.name, process, signal.SIGTERM, timeout)
 
 
-class Services:
-    """worker → scheduler → admission, and the ledger, started in dependency order."""
+SERVICE_NAMES = ("admission", "scheduler", "worker", "ledger")
 
-    def __init__(self, config: StackConfig, log_dir: Path) -> None:
+
+def parse_replicas(text: str) -> dict[str, int]:
+    """`admission=2,worker=3` as a count per service; the others stay at 1."""
+    replicas = dict.fromkeys(SERVICE_NAMES, 1)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, count = item.partition("=")
+        if name not in replicas or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{item!r}: expected NAME=N with N >= 1, NAME one of {SERVICE_NAMES}")
+        replicas[name] = int(count)
+    return replicas
+
+
+class Services:
+    """ledger → scheduler → worker → admission, each as many times as `replicas` says,
+    started in dependency order. `processes` names each process (see ServiceProcess)."""
+
+    def __init__(
+        self, config: StackConfig, log_dir: Path, replicas: Mapping[str, int] | None = None
+    ) -> None:
         self.config = config
         self.log_dir = log_dir
+        self.replicas = {**dict.fromkeys(SERVICE_NAMES, 1), **(replicas or {})}
         self.processes: dict[str, ServiceProcess] = {}
+
+    def of(self, service: str) -> list[ServiceProcess]:
+        """The processes of `service`, first started first."""
+        return [p for p in self.processes.values() if p.service == service]
 
     def common_env(self) -> dict[str, str]:
         return {
@@ -170,10 +213,8 @@ class Services:
         }
 
     def worker_env(self) -> dict[str, str]:
-        env = {
-            "TOLLGATE_WORKER_ID": "worker-1",
-            "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks),
-        }
+        # No TOLLGATE_WORKER_ID: each worker process names itself uniquely.
+        env = {"TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks)}
         chosen = any(
             name in os.environ or name in self.config.extra_env for name in THREAD_VARIABLES
         )
@@ -183,26 +224,38 @@ class Services:
 
     def start(self) -> dict[str, ServiceProcess]:
         try:
-            worker = self._start("worker", self.worker_env())
-            self._start("ledger", {})
-            scheduler = self._start("scheduler", {"TOLLGATE_WORKERS": f"worker-1={worker.address}"})
-            self._start(
-                "admission",
-                {
-                    "TOLLGATE_SCHEDULER_ADDRESS": scheduler.address,
-                    "TOLLGATE_LISTEN": self.config.gateway_listen,
-                    "TOLLGATE_HTTP_LISTEN": self.config.http_listen,
-                    "TOLLGATE_DISCONNECT_GRACE": str(self.config.disconnect_grace),
-                },
-            )
+            self._start_all("ledger", lambda _: {})
+            schedulers = [p.address for p in self._start_all("scheduler", lambda _: {})]
+            # Every worker registers with every scheduler: whichever leads knows it.
+            worker_env = {**self.worker_env(), "TOLLGATE_SCHEDULER_ADDRESS": ",".join(schedulers)}
+            self._start_all("worker", lambda _: worker_env)
+            self._start_all("admission", lambda i: self.admission_env(i, schedulers))
         except BaseException:
             self.stop()
             raise
         return self.processes
 
-    def _start(self, name: str, env: Mapping[str, str]) -> ServiceProcess:
+    def admission_env(self, index: int, schedulers: list[str]) -> dict[str, str]:
+        """The first admission listens where the stack's gateway is; the others anywhere.
+        Their hints and cancels go to the schedulers in turn."""
+        return {
+            "TOLLGATE_SCHEDULER_ADDRESS": schedulers[index % len(schedulers)],
+            "TOLLGATE_LISTEN": self.config.gateway_listen if index == 0 else "127.0.0.1:0",
+            "TOLLGATE_HTTP_LISTEN": self.config.http_listen if index == 0 else "127.0.0.1:0",
+            "TOLLGATE_DISCONNECT_GRACE": str(self.config.disconnect_grace),
+        }
+
+    def _start_all(
+        self, service: str, env_of: Callable[[int], Mapping[str, str]]
+    ) -> list[ServiceProcess]:
+        return [self._start(service, i, env_of(i)) for i in range(self.replicas[service])]
+
+    def _start(self, service: str, index: int, env: Mapping[str, str]) -> ServiceProcess:
+        name = service if index == 0 else f"{service}-{index + 1}"
         env = {**self.common_env(), "TOLLGATE_METRICS_PORT": str(free_port()), **env}
-        process = ServiceProcess(name, f"services.{name}", env, self.log_dir / f"{name}.log")
+        process = ServiceProcess(
+            name, f"services.{service}", env, self.log_dir / f"{name}.log", service
+        )
         self.processes[name] = process
         process.start()
         process.wait_ready()
@@ -210,6 +263,6 @@ class Services:
 
     def stop(self) -> None:
         """Admission first, so no new work arrives while the rest drains."""
-        for name in ("admission", "scheduler", "worker", "ledger"):
-            if name in self.processes:
-                self.processes.pop(name).stop()
+        for service in SERVICE_NAMES:
+            for process in self.of(service):
+                self.processes.pop(process.name).stop()

@@ -83,7 +83,10 @@ def connection_flags(*, request_timeout: bool = True) -> argparse.ArgumentParser
     """A parent parser with the connection flags every client command accepts."""
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("connection")
-    group.add_argument("--gateway", help="gateway address host:port (env TOLLGATE_GATEWAY)")
+    group.add_argument(
+        "--gateway",
+        help="gateway address host:port, or several comma-separated (env TOLLGATE_GATEWAY)",
+    )
     group.add_argument("--ledger", help="ledger address host:port (env TOLLGATE_LEDGER)")
     group.add_argument("--api-key", help="tenant API key (env TOLLGATE_API_KEY)")
     group.add_argument("--admin-token", help="admin token (env TOLLGATE_ADMIN_TOKEN)")
@@ -140,15 +143,17 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     """Each setting from its flag, else its TOLLGATE_* variable, else the stack file."""
     env = os.environ if environ is None else environ
     stack = load_stack(args.stack)
-    ledger_service = _mapping(_mapping(stack.get("services")).get("ledger"))
+    ledgers = _replicas(_mapping(stack.get("services")).get("ledger"))
+    # Every admission replica's address: the client spreads its calls over them.
+    gateways = ",".join(str(g) for g in stack.get("gateways") or []) or stack.get("gateway")
 
     def pick(flag: str, variable: str, stacked: Any) -> str | None:
         value = getattr(args, flag, None) or env.get(variable) or stacked
         return str(value) if value else None
 
     return Connection(
-        gateway=pick("gateway", "TOLLGATE_GATEWAY", stack.get("gateway")),
-        ledger=pick("ledger", "TOLLGATE_LEDGER", ledger_service.get("address")),
+        gateway=pick("gateway", "TOLLGATE_GATEWAY", gateways),
+        ledger=pick("ledger", "TOLLGATE_LEDGER", ",".join(ledgers)),
         api_key=pick("api_key", "TOLLGATE_API_KEY", stack.get("api_key")),
         admin_token=pick("admin_token", "TOLLGATE_ADMIN_TOKEN", stack.get("admin_token")),
         kafka_bootstrap=pick("kafka", "TOLLGATE_KAFKA_BOOTSTRAP", stack.get("kafka_bootstrap")),
@@ -159,6 +164,12 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _replicas(value: Any) -> list[str]:
+    """The addresses of a service's processes in the stack file (one, or a list)."""
+    processes = value if isinstance(value, list) else [value]
+    return [str(p["address"]) for p in map(_mapping, processes) if p.get("address")]
 
 
 def reports_errors(
