@@ -69,6 +69,7 @@ def running_stack(
     model_dir: Path,
     extra_env: Mapping[str, str] | None = None,
     gateway_listen: str = "127.0.0.1:0",
+    replicas: Mapping[str, int] | None = None,
 ) -> Iterator[tuple[Stack, Services]]:
     """The four services on a database and a topic of their own; stopped on the way out."""
     name = f"e2e_{uuid.uuid4().hex}"
@@ -95,7 +96,7 @@ def running_stack(
     with tempfile.TemporaryDirectory(prefix="tollgate-e2e-") as scratch:
         kept = os.environ.get("TOLLGATE_E2E_LOGS")
         logs = Path(kept) / name if kept else Path(scratch)
-        services = Services(config, logs)
+        services = Services(config, logs, replicas)
         processes = services.start()
         admin = AdminClient(
             processes["admission"].address, ADMIN_TOKEN, ledger_address=processes["ledger"].address
