@@ -112,6 +112,15 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def advertised_address(address: str) -> str:
+    """What the scheduler should dial: `address`, or on a wildcard listen address the IP
+    this host's name resolves to (a container's own address, so replicas tell apart)."""
+    host, _, port = address.rpartition(":")
+    if host not in ("0.0.0.0", "[::]", "::"):
+        return address
+    return f"{socket.gethostbyname(socket.gethostname())}:{port}"
+
+
 def _optional(choice: str) -> str | None:
     return None if choice == "none" else choice
 
@@ -198,7 +207,7 @@ async def main(settings: WorkerSettings) -> None:
     background = [appender.run(), supervisor.run()]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
-        advertised = env_str("TOLLGATE_WORKER_ADVERTISE", address)
+        advertised = env_str("TOLLGATE_WORKER_ADVERTISE", "") or advertised_address(address)
         background.extend(
             heartbeat(core, scheduler.strip(), advertised)
             for scheduler in settings.scheduler_address.split(",")

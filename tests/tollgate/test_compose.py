@@ -106,15 +106,34 @@ def test_the_services_find_each_other(services: dict[str, Any]) -> None:
     kafka = env(services["kafka"])
     assert "PLAINTEXT://kafka:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
-    assert env(services["scheduler"])["TOLLGATE_WORKERS"] == (
-        f"worker-1=worker:{port_of(listen['worker'])}"
-    )
-    assert env(services["worker"])["TOLLGATE_WORKER_ID"] == "worker-1"
-    assert env(services["admission"])["TOLLGATE_SCHEDULER_ADDRESS"] == (
-        f"scheduler:{port_of(listen['scheduler'])}"
-    )
+    for name in ("admission", "worker"):
+        assert env(services[name])["TOLLGATE_SCHEDULER_ADDRESS"] == (
+            f"scheduler:{port_of(listen['scheduler'])}"
+        )
     gateway_port = port_of(listen["admission"])
-    assert f"{gateway_port}:{gateway_port}" in services["admission"]["ports"]
+    [gateway] = [p for p in services["admission"]["ports"] if p["target"] == gateway_port]
+    assert str(gateway["published"]).startswith(f"{gateway_port}-")
+
+
+# `docker compose up --scale worker=3 --scale admission=2`
+SCALED = ("worker", "admission")
+
+
+def test_scaled_services_can_run_as_replicas(services: dict[str, Any]) -> None:
+    for name in SCALED:
+        service = services[name]
+        assert "container_name" not in service, name
+        for port in service.get("ports", []):
+            # A fixed host port would be taken by the first replica: only ranges, or none.
+            published = str(port["published"]) if isinstance(port, dict) else ""
+            low, _, high = published.partition("-")
+            assert high and int(high) - int(low) >= 1, (name, port)
+    worker = env(services["worker"])
+    # Each worker names itself, and registers: no fixed id, no list of workers.
+    assert "TOLLGATE_WORKER_ID" not in worker
+    assert "TOLLGATE_WORKERS" not in env(services["scheduler"])
+    assert worker["TOLLGATE_LISTEN"].startswith("0.0.0.0:")
+    assert "TOLLGATE_WORKER_ADVERTISE" not in worker  # its container's own address
 
 
 def test_the_model_volume(compose: dict[str, Any], services: dict[str, Any]) -> None:

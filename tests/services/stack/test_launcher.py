@@ -8,7 +8,8 @@ import psutil
 import pytest
 
 from services.stack import launcher
-from services.stack.launcher import THREAD_VARIABLES, Services, StackConfig
+from services.stack.launcher import THREAD_VARIABLES, Services, StackConfig, parse_replicas
+from services.stack.supervisor import MAX_BACKOFF_S, STABLE_AFTER_S, Backoff
 
 
 def _services(**extra_env: str) -> Services:
@@ -91,3 +92,39 @@ def test_a_service_dies_with_the_process_that_started_it(tmp_path: Path) -> None
     launcher.kill()
     launcher.wait()
     service.wait(timeout=10)  # psutil.TimeoutExpired if it outlived its launcher
+
+
+def test_replicas_are_counted_per_service() -> None:
+    assert parse_replicas("") == {"admission": 1, "scheduler": 1, "worker": 1, "ledger": 1}
+    assert parse_replicas("admission=2, worker=3") == {
+        "admission": 2,
+        "scheduler": 1,
+        "worker": 3,
+        "ledger": 1,
+    }
+    for bad in ("gateway=2", "worker=0", "worker", "worker=two"):
+        with pytest.raises(ValueError, match="NAME=N"):
+            parse_replicas(bad)
+
+
+def test_replicas_get_names_of_their_own() -> None:
+    services = _services()
+    services.replicas["worker"] = 3
+    names = [f"worker{suffix}" for suffix in ("", "-2", "-3")]
+    for index, name in enumerate(names):
+        process = launcher.ServiceProcess(name, "services.worker", {}, Path("/tmp/x"), "worker")
+        services.processes[name] = process
+        assert services.of("worker")[index] is process
+    assert services.admission_env(1, ["s1:1", "s2:2"])["TOLLGATE_SCHEDULER_ADDRESS"] == "s2:2"
+    assert services.admission_env(0, ["s1:1"])["TOLLGATE_LISTEN"] == "127.0.0.1:0"
+
+
+def test_a_process_that_keeps_dying_waits_longer_each_time() -> None:
+    backoff = Backoff(started_at=0.0)
+    delays = [backoff.next_delay(now) for now in (1.0, 2.0, 3.0, 4.0)]
+    assert delays == [0.5, 1.0, 2.0, 4.0]
+    for now in range(5, 20):
+        backoff.next_delay(float(now))
+    assert backoff.delay == MAX_BACKOFF_S
+    backoff.started(100.0)
+    assert backoff.next_delay(100.0 + STABLE_AFTER_S) == 0.5  # it stayed up: forgiven

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 import torch
 
 from services.core.config import ConfigError
-from services.worker.app import WorkerSettings
+from services.worker.app import WorkerSettings, advertised_address
 
 
 @pytest.fixture
@@ -80,3 +83,18 @@ def test_a_niceness_out_of_range_is_refused(worker_env: pytest.MonkeyPatch, valu
     worker_env.setenv("TOLLGATE_ENGINE_NICE", value)
     with pytest.raises(ConfigError, match="TOLLGATE_ENGINE_NICE"):
         WorkerSettings.from_env()
+
+
+def test_each_worker_process_names_itself_uniquely(worker_env: pytest.MonkeyPatch) -> None:
+    worker_env.delenv("TOLLGATE_WORKER_ID", raising=False)
+    first, second = (WorkerSettings.from_env().worker_id for _ in range(2))
+    assert first != second
+    assert first.startswith(f"{socket.gethostname()}-{os.getpid()}-")
+    worker_env.setenv("TOLLGATE_WORKER_ID", "gpu-7")
+    assert WorkerSettings.from_env().worker_id == "gpu-7"
+
+
+def test_a_worker_on_a_wildcard_address_advertises_its_hosts_own() -> None:
+    assert advertised_address("127.0.0.1:5000") == "127.0.0.1:5000"
+    own = socket.gethostbyname(socket.gethostname())
+    assert advertised_address("0.0.0.0:5000") == f"{own}:5000"
