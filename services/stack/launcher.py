@@ -213,8 +213,9 @@ class Services:
         }
 
     def worker_env(self) -> dict[str, str]:
-        # No TOLLGATE_WORKER_ID: each worker process names itself uniquely.
-        env = {"TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks)}
+        # An empty TOLLGATE_WORKER_ID, whatever the caller's: each worker process names
+        # itself uniquely.
+        env = {"TOLLGATE_WORKER_ID": "", "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks)}
         chosen = any(
             name in os.environ or name in self.config.extra_env for name in THREAD_VARIABLES
         )
@@ -225,7 +226,9 @@ class Services:
     def start(self) -> dict[str, ServiceProcess]:
         try:
             self._start_all("ledger", lambda _: {})
-            schedulers = [p.address for p in self._start_all("scheduler", lambda _: {})]
+            # No static workers: each registers itself.
+            no_workers = {"TOLLGATE_WORKERS": ""}
+            schedulers = [p.address for p in self._start_all("scheduler", lambda _: no_workers)]
             # Every worker registers with every scheduler: whichever leads knows it.
             worker_env = {**self.worker_env(), "TOLLGATE_SCHEDULER_ADDRESS": ",".join(schedulers)}
             self._start_all("worker", lambda _: worker_env)
