@@ -68,6 +68,9 @@ async def start_scheduler(
         await server.start()
         jobs = [app.lead(), app.relay.run()] if lead else app.background()
         tasks = [asyncio.create_task(job) for job in jobs]
+        if not lead:
+            # Leading, when it is the only one; following, else.
+            await asyncio.wait_for(app.leadership.decided.wait(), 20)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
 
         async def stop() -> None:

@@ -63,11 +63,14 @@ def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -
                 assert stack[key], key
             assert stack["model"] == "tiny"
             assert set(stack["services"]) == SERVICES
-            pids = [service["pid"] for service in stack["services"].values()]
-            assert all(service["address"] for service in stack["services"].values())
+            processes = [p for replicas in stack["services"].values() for p in replicas]
+            assert len(processes) == len(SERVICES)
+            pids = [p["pid"] for p in processes]
+            assert all(p["address"] for p in processes)
             assert all(is_running(pid) for pid in pids)
+            assert stack["gateways"] == [stack["gateway"]]
 
-            ledger = stack["services"]["ledger"]["address"]
+            ledger = stack["services"]["ledger"][0]["address"]
             client = Client(stack["gateway"], stack["api_key"], ledger_address=ledger)
             events = list(client.generate("Once upon a time", model="tiny", max_tokens=8))
             assert [e.kind for e in events][-2:] == ["completed", "billed"]
@@ -117,3 +120,50 @@ def test_the_demo_streams_resumes_cancels_and_prints_the_ledger(tmp_path: Path) 
     if "model smollm2-135m-instruct" in demo.stdout:  # else the registry was out of reach
         assert "Paris" in demo.stdout
     assert sum(" micro-USD" in line for line in lines) >= 6  # three entries for each run
+
+
+def test_tollgate_up_runs_replicas_and_restarts_a_process_that_dies(tmp_path: Path) -> None:
+    data_dir = tmp_path / "stack"
+    stack_file = data_dir / "stack.json"
+    replicas = "admission=2,scheduler=2,worker=2,ledger=2"
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir)]
+            + ["--port", "0", "--http-port", "0", "--replicas", replicas],
+            stdout=out,
+            stderr=err,
+            env=fresh_machine_env(),
+        )
+        try:
+            wait_for_file(stack_file, process)
+            stack: dict[str, Any] = json.loads(stack_file.read_text())
+            assert {name: len(p) for name, p in stack["services"].items()} == dict.fromkeys(
+                SERVICES, 2
+            )
+            assert stack["gateways"] == [p["address"] for p in stack["services"]["admission"]]
+            client = Client(stack["gateways"], stack["api_key"])
+            for i in range(4):
+                events = list(client.generate(f"run {i}", model="tiny", max_tokens=8))
+                assert [e.kind for e in events][-2:] == ["completed", "billed"]
+
+            killed = stack["services"]["worker"][0]["pid"]
+            os.kill(killed, signal.SIGKILL)
+            restarted = wait_for_new_pid(stack_file, "worker", killed)
+            assert is_running(restarted)
+            events = list(client.generate("after", model="tiny", max_tokens=8))
+            assert [e.kind for e in events][-2:] == ["completed", "billed"]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            status = process.wait(90)
+    assert status == 0
+    assert "worker restarted" in (tmp_path / "err").read_text()
+
+
+def wait_for_new_pid(stack_file: Path, service: str, old_pid: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = int(json.loads(stack_file.read_text())["services"][service][0]["pid"])
+        if pid != old_pid:
+            return pid
+        time.sleep(0.2)
+    raise AssertionError(f"{service} was not restarted")
