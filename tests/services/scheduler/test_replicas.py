@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+import sqlalchemy as sa
 
 from services.core.db import Database
 from services.core.eventstore import ConcurrencyConflict, EventStore, StaleLease
 from services.core.runs import IllegalTransition, NewEvent, RunState
+from services.scheduler.app import SCHEDULER_LOCK_KEY
 from services.scheduler.repository import SchedulerRepository
 from tests.services.scheduler.fakes import FakeWorker
 from tests.services.scheduler.helpers import heartbeats, queue_run, wait_for
@@ -77,6 +79,27 @@ async def test_only_the_leader_dispatches_and_a_follower_takes_over(
     await wait_for(lambda: follower.app.state.is_assigned(before))
     after = await queue_run(store)
     assert (await wait_for(lambda: worker.assignment(after))).run_id == after
+
+
+async def test_a_leader_whose_session_ends_stops_leading_at_once_and_competes_again(
+    db: Database, start_scheduler
+) -> None:
+    scheduler = await start_scheduler()
+    await wait_for(scheduler.app.leadership.is_leader.is_set)
+    ended = time.monotonic()
+    async with db.connect() as conn:
+        # As when the network or the server drops the leader's connection.
+        await conn.execute(_END_LOCK_SESSION, {"key": SCHEDULER_LOCK_KEY})
+        await conn.commit()
+    await wait_for(lambda: not scheduler.app.leadership.is_leader.is_set(), timeout=3)
+    assert time.monotonic() - ended < TAKEOVER_BOUND_S
+    await wait_for(scheduler.app.leadership.is_leader.is_set, timeout=10)
+
+
+_END_LOCK_SESSION = sa.text(
+    "SELECT pg_terminate_backend(pid) FROM pg_locks"
+    " WHERE locktype = 'advisory' AND granted AND classid = 0 AND objid = :key"
+)
 
 
 async def test_a_follower_drops_hints_and_cancels_from_the_projection(
