@@ -3,6 +3,7 @@ nothing but the package, on infrastructure of their own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,14 @@ def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout: float =
     time.sleep(0.2)  # written in one go; let the writer close it
 
 
+@contextlib.contextmanager
+def start_up(tmp_path: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`tollgate up` on `tmp_path/stack`, its output in `tmp_path/out` and `err`."""
+    command = [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(tmp_path / "stack")]
+    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+        yield subprocess.Popen([*command, *flags], stdout=out, stderr=err, env=fresh_machine_env())
+
+
 def is_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -47,14 +57,7 @@ def is_running(pid: int) -> bool:
 def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -> None:
     data_dir = tmp_path / "stack"
     stack_file = data_dir / "stack.json"
-    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir)]
-            + ["--port", "0"],
-            stdout=out,
-            stderr=err,
-            env=fresh_machine_env(),
-        )
+    with start_up(tmp_path, "--port", "0") as process:
         try:
             wait_for_file(stack_file, process)
             stack: dict[str, Any] = json.loads(stack_file.read_text())
@@ -126,14 +129,7 @@ def test_tollgate_up_runs_replicas_and_restarts_a_process_that_dies(tmp_path: Pa
     data_dir = tmp_path / "stack"
     stack_file = data_dir / "stack.json"
     replicas = "admission=2,scheduler=2,worker=2,ledger=2"
-    with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tollgate.cli", "up", "--data-dir", str(data_dir)]
-            + ["--port", "0", "--http-port", "0", "--replicas", replicas],
-            stdout=out,
-            stderr=err,
-            env=fresh_machine_env(),
-        )
+    with start_up(tmp_path, "--port", "0", "--http-port", "0", "--replicas", replicas) as process:
         try:
             wait_for_file(stack_file, process)
             stack: dict[str, Any] = json.loads(stack_file.read_text())
