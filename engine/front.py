@@ -85,6 +85,10 @@ class EngineFront(ABC):
     async def shutdown(self) -> None:
         """Stop the engine; open streams end with EngineClosedError."""
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request's stream is still open (not yet finished or aborted)."""
+        return request_id in self._streams
+
     def _open_stream(self, request_id: str) -> RequestStream:
         if self._closed:
             raise EngineClosedError("the engine is shut down")

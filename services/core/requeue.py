@@ -68,6 +68,26 @@ def failed(events: Sequence[StoredEvent], code: str, message: str) -> NewEvent:
     )
 
 
+def prefill_event(worker_id: str, lease_epoch: int) -> NewEvent:
+    """What a worker appends as it starts a run."""
+    return NewEvent(RunState.PREFILL, {"worker_id": worker_id, "lease_epoch": lease_epoch})
+
+
+def lost_run_events(
+    events: Sequence[StoredEvent], code: str, message: str, prefill: NewEvent
+) -> list[NewEvent]:
+    """What settles a run whose worker or engine was lost, given its stored events: as
+    `lost_run_event`, nothing for a run that ended meanwhile, and for one assigned whose
+    `prefill` was not stored yet `prefill` and then the re-queue, so that the attempt
+    counts towards the re-queue limit: a request that kills what runs it at once ends
+    there too."""
+    state = events[-1].kind if events else None
+    if state == RunState.QUEUED:
+        return [prefill, requeue_or_fail(events, code)]
+    event = lost_run_event(events, code, message)
+    return [event] if event is not None else []
+
+
 def lost_run_event(events: Sequence[StoredEvent], code: str, message: str) -> NewEvent | None:
     """The event that settles a started run whose worker or engine was lost (`code`
     names which): re-queued (or REQUEUE_LIMIT) after `prefill`, `failed` `code` with

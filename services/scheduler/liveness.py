@@ -17,7 +17,8 @@ from services.scheduler.workers import Worker
 
 log = structlog.get_logger(__name__)
 
-Recover = Callable[[Assignment], Awaitable[None]]
+# Settles an assignment; the text says what became of its worker ("was lost").
+Recover = Callable[[Assignment, str], Awaitable[None]]
 
 
 class LivenessChecker:
@@ -25,7 +26,11 @@ class LivenessChecker:
 
     A lost worker's runs go to `recover`; so do runs assigned to a worker that
     has not been alive for `timeout` since they were adopted (a run found in
-    the projection after a restart whose owner never shows up).
+    the projection after a restart whose owner never shows up), and runs a live
+    worker has left out of its reports (status or heartbeat) for `interval`: it
+    restarted, or dropped them. The first report that leaves a run out may have
+    been composed before the run's AssignRun arrived; one `interval` later the
+    worker has had time to report it.
     """
 
     def __init__(
@@ -43,6 +48,8 @@ class LivenessChecker:
         self.timeout = timeout
         self.interval = interval
         self.poll_now = asyncio.Event()
+        # (run_id, lease_epoch) -> when a check first found its worker leaving it out
+        self.left_out: dict[tuple[str, int], float] = {}
 
     async def run(self) -> None:
         while True:
@@ -62,8 +69,28 @@ class LivenessChecker:
             metrics.WORKERS_LOST.inc()
             log.warning("worker lost", worker_id=worker_id)
         orphans = [a for a in self.state.assignments.values() if self._orphaned(a, lost, now)]
+        dropped = [a for a in self._dropped(now) if a not in orphans]
         for assignment in orphans:
-            await self.recover(assignment)
+            await self.recover(assignment, "was lost")
+        for assignment in dropped:
+            log.warning("worker no longer holds the run", run_id=assignment.run_id,
+                        worker_id=assignment.worker_id)  # fmt: skip
+            await self.recover(assignment, "no longer holds the run")
+
+    def _dropped(self, now: float) -> list[Assignment]:
+        """Assignments their live worker has left out of its reports for `interval`."""
+        left_out: dict[tuple[str, int], float] = {}
+        for assignment in self.state.assignments.values():
+            key = (assignment.run_id, assignment.lease_epoch)
+            registry = self.state.registry
+            if registry.has_dropped(assignment.worker_id, assignment.run_id, assignment.since):
+                left_out[key] = self.left_out.get(key, now)
+        self.left_out = left_out
+        return [
+            assignment
+            for assignment in self.state.assignments.values()
+            if now - left_out.get((assignment.run_id, assignment.lease_epoch), now) >= self.interval
+        ]
 
     def _orphaned(self, assignment: Assignment, lost: set[str], now: float) -> bool:
         if assignment.worker_id in lost:

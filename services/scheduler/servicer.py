@@ -57,7 +57,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         _require(worker_id=request.worker_id, address=request.address)
         try:
             self.state.registry.register(
-                request.worker_id, request.address, request.model, time.monotonic()
+                request.worker_id,
+                request.address,
+                request.model,
+                time.monotonic(),
+                request.boot_id,
             )
         except WorkerIdTaken as taken:
             raise FailedPrecondition(
@@ -78,6 +82,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         report = WorkerReport(
             num_free_blocks=request.num_free_blocks,
             running_run_ids=frozenset(request.running_run_ids),
+            draining=request.draining,
+            boot_id=request.boot_id,
         )
         known = self.state.registry.heartbeat(request.worker_id, report, time.monotonic())
         if known:

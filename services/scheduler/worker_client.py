@@ -76,6 +76,7 @@ def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
         num_total_blocks=status.num_total_blocks,
         block_size=status.block_size,
         draining=status.draining,
+        boot_id=status.boot_id,
     )
 
 

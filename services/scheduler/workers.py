@@ -8,12 +8,18 @@ has been heard from within `live_timeout` is refused (`WorkerIdTaken`); the same
 address registering again (the worker restarted there) is accepted.
 Its free blocks are the last value it reported, lowered locally by every run
 assigned since, so dispatch does not pile runs onto one worker between reports.
+Each report also says which runs the worker holds and which start of its process
+(`boot_id`) it comes from; `reported_at` is when the last one arrived.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +32,7 @@ class WorkerReport:
     num_total_blocks: int | None = None
     block_size: int | None = None
     draining: bool = False
+    boot_id: str = ""  # "": not reported
 
 
 @dataclass(slots=True)
@@ -42,6 +49,9 @@ class Worker:
     block_size: int = 0
     running_run_ids: frozenset[str] = field(default_factory=frozenset)
     last_seen: float = 0.0
+    # When `running_run_ids` were last reported (monotonic seconds; 0: never).
+    reported_at: float = 0.0
+    boot_id: str = ""
 
     def serves(self, model: str) -> bool:
         return not self.model or self.model == model
@@ -78,7 +88,9 @@ class WorkerRegistry:
         """A configured worker: dispatchable once it first answers a status poll."""
         self._workers[worker_id] = Worker(worker_id, address, static=True)
 
-    def register(self, worker_id: str, address: str, model: str, now: float) -> None:
+    def register(
+        self, worker_id: str, address: str, model: str, now: float, boot_id: str = ""
+    ) -> None:
         """Adds or renews `worker_id` at `address`; raises WorkerIdTaken (see above)."""
         worker = self._workers.get(worker_id)
         if worker is not None and self._held_elsewhere(worker, address, now):
@@ -87,6 +99,7 @@ class WorkerRegistry:
             worker = self._workers[worker_id] = Worker(worker_id, address)
         worker.address = address
         worker.model = model
+        self._boot(worker, boot_id)
         # Free blocks stay unknown (0) until the first heartbeat or status.
         self._see(worker, now)
 
@@ -110,8 +123,10 @@ class WorkerRegistry:
         worker = self._workers.get(worker_id)
         if worker is None:
             return
+        self._boot(worker, report.boot_id)
         worker.num_free_blocks = report.num_free_blocks
         worker.running_run_ids = report.running_run_ids
+        worker.reported_at = now
         worker.draining = report.draining
         if report.model is not None:
             worker.model = report.model
@@ -120,6 +135,26 @@ class WorkerRegistry:
         if report.block_size is not None:
             worker.block_size = report.block_size
         self._see(worker, now)
+
+    def _boot(self, worker: Worker, boot_id: str) -> None:
+        """Notes the worker's process start; a new one holds none of the runs reported."""
+        if not boot_id or boot_id == worker.boot_id:
+            return
+        if worker.boot_id:
+            log.warning("worker restarted", worker_id=worker.worker_id, boot_id=boot_id)
+            worker.running_run_ids = frozenset()
+        worker.boot_id = boot_id
+
+    def has_dropped(self, worker_id: str, run_id: str, since: float) -> bool:
+        """Whether the live worker's last report, received after `since`, leaves `run_id`
+        out. Unknown or lost workers are the liveness timeout's business."""
+        worker = self._workers.get(worker_id)
+        return (
+            worker is not None
+            and worker.alive
+            and worker.reported_at > since
+            and run_id not in worker.running_run_ids
+        )
 
     def _see(self, worker: Worker, now: float) -> None:
         worker.alive = True

@@ -134,7 +134,10 @@ async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> N
             if not registered:
                 reply = await stub.RegisterWorker(
                     scheduler_pb2.RegisterWorkerRequest(
-                        worker_id=core.worker_id, address=address, model=core.model
+                        worker_id=core.worker_id,
+                        address=address,
+                        model=core.model,
+                        boot_id=core.boot_id,
                     ),
                     timeout=2.0,
                 )
@@ -145,6 +148,8 @@ async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> N
                     worker_id=core.worker_id,
                     num_free_blocks=status.num_free_blocks,
                     running_run_ids=status.running_run_ids,
+                    draining=status.draining,
+                    boot_id=status.boot_id,
                 ),
                 timeout=2.0,
             )
@@ -187,7 +192,15 @@ async def main(settings: WorkerSettings) -> None:
         )
 
     engine = await start_engine()
-    core = WorkerCore(settings.worker_id, settings.model_name, engine, store, appender.start, runs)
+    core = WorkerCore(
+        settings.worker_id,
+        settings.model_name,
+        engine,
+        store,
+        appender.start,
+        runs,
+        drop_run=appender.drop,
+    )
 
     def add_servicers(server: grpc.aio.Server) -> None:
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), server)

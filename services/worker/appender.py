@@ -7,25 +7,30 @@ apart, kept between `min_interval` and `max_interval`, and the steps in between
 become one `streaming` event per run. A run's first tokens and its end are
 appended at once; its `prefill` waits for the first tokens, `min_interval` at
 most. A run whose append is refused (its lease was taken over, or it was
-cancelled elsewhere) is dropped from the engine, and the others go ahead.
+cancelled elsewhere) is dropped from the engine, and the others go ahead. An
+append whose commit reply was lost is retried; its runs' conflicts then read back
+what committed, so they go on rather than being dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable, Sequence
 
 import structlog
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from engine.outputs import RequestOutput
-from services.core.eventstore import Append, EventStore
+from services.core.eventstore import Append, ConcurrencyConflict, EventStore
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.worker.metrics import observe_finished
 from services.worker.runs import AssignedRun, step_events
 
 log = structlog.get_logger(__name__)
+
+Step = Sequence[tuple[RequestOutput, AssignedRun | None]]
 
 
 class StepAppender:
@@ -45,7 +50,9 @@ class StepAppender:
         self.events_per_second = events_per_second
         self.min_interval = min_interval
         self.max_interval = max_interval
-        self._steps: asyncio.Queue[Sequence[RequestOutput]] = asyncio.Queue()
+        # Each step's outputs with the attempt each was for: a run dropped and assigned
+        # again must not be sent what its earlier attempt produced.
+        self._steps: asyncio.Queue[Step] = asyncio.Queue()
         self._urgent = asyncio.Event()
         self._last_append = 0.0
         # `prefill` events of runs just assigned, appended ahead of their first tokens.
@@ -66,7 +73,7 @@ class StepAppender:
 
     def on_step(self, outputs: Sequence[RequestOutput]) -> None:
         """Called on the event loop with each step's outputs."""
-        self._steps.put_nowait(outputs)
+        self._steps.put_nowait([(output, self.runs.get(output.request_id)) for output in outputs])
         if any(self._is_urgent(output) for output in outputs):
             self._urgent.set()
 
@@ -97,8 +104,13 @@ class StepAppender:
                 for _ in steps:
                     self._steps.task_done()
 
-    async def _append_steps(self, steps: Sequence[Sequence[RequestOutput]]) -> None:
-        outputs = [output for step in steps for output in step]
+    async def _append_steps(self, steps: Sequence[Step]) -> None:
+        outputs = [
+            output
+            for step in steps
+            for output, attempt in step
+            if attempt is not None and self.runs.get(output.request_id) is attempt
+        ]
         if not outputs and not self._starts:
             return  # a `prefill` that went out with its run's first tokens
         self._last_append = asyncio.get_running_loop().time()
@@ -130,6 +142,7 @@ class StepAppender:
 
     async def append(self, outputs: Sequence[RequestOutput]) -> None:
         pending = self._events_by_run(outputs)
+        stored: dict[str, tuple[list[NewEvent], bool]] = {}
         while pending:
             appends = [
                 Append(run_id, self.runs[run_id].last_seq, events, lease_epoch=self.runs[run_id].lease_epoch,
@@ -138,16 +151,24 @@ class StepAppender:
             ]  # fmt: skip
             try:
                 await self.store.append_batch(appends)
-            except EventStoreError as error:
-                run_id = getattr(error, "run_id", None)
-                if run_id not in pending:
+            except ConcurrencyConflict as error:
+                if error.run_id not in pending:
                     raise
-                log.warning("append refused, dropping run", run_id=run_id, error=str(error))
-                pending.pop(run_id)
-                self._drop(run_id)
+                if await self._is_stored(error.run_id, pending[error.run_id][0]):
+                    # An earlier try committed and only its reply was lost: every run of
+                    # that transaction holds its events already; the others go again.
+                    await self._take_stored(pending, stored)
+                else:
+                    self._refused(pending, error)
                 continue
+            except EventStoreError as error:
+                if getattr(error, "run_id", None) not in pending:
+                    raise
+                self._refused(pending, error)
+                continue
+            stored.update(pending)
             break
-        for run_id, (events, finished) in pending.items():
+        for run_id, (events, finished) in stored.items():
             self._starts.pop(run_id, None)
             run = self.runs[run_id]
             run.last_seq += len(events)
@@ -157,6 +178,32 @@ class StepAppender:
         for output in outputs:
             if output.finished:
                 observe_finished(output)
+
+    def _refused(self, pending: dict[str, tuple[list[NewEvent], bool]], error: Exception) -> None:
+        run_id = str(getattr(error, "run_id", ""))
+        log.warning("append refused, dropping run", run_id=run_id, error=str(error))
+        pending.pop(run_id)
+        self.drop(run_id)
+
+    async def _is_stored(self, run_id: str, events: Sequence[NewEvent]) -> bool:
+        """Whether the run's next events in the store are `events` themselves."""
+        found = await self.store.read(run_id, self.runs[run_id].last_seq, limit=len(events))
+        return [(e.kind, e.payload) for e in found] == [
+            (e.kind, json.loads(json.dumps(dict(e.payload)))) for e in events
+        ]
+
+    async def _take_stored(
+        self,
+        pending: dict[str, tuple[list[NewEvent], bool]],
+        stored: dict[str, tuple[list[NewEvent], bool]],
+    ) -> None:
+        """Moves the runs whose events are in the store already from `pending` to `stored`."""
+        run_ids = list(pending)
+        found = await asyncio.gather(*(self._is_stored(r, pending[r][0]) for r in run_ids))
+        for run_id, is_stored in zip(run_ids, found, strict=True):
+            if is_stored:
+                stored[run_id] = pending.pop(run_id)
+        log.warning("append committed though its reply was lost", num_runs=len(stored))
 
     def _events_by_run(
         self, outputs: Sequence[RequestOutput]
@@ -191,7 +238,8 @@ class StepAppender:
             except Exception as error:  # the scheduler's recovery ends it instead
                 log.error("could not fail run", run_id=run_id, error=repr(error))
 
-    def _drop(self, run_id: str) -> None:
+    def drop(self, run_id: str) -> None:
+        """Stops a run here: aborted in the engine, nothing more appended for it."""
         self._starts.pop(run_id, None)
         if self.runs.pop(run_id, None) is not None:
             self.abort(run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,10 +13,11 @@ from engine.front import EngineFront
 from engine.sampling import Priority, SamplingParams
 from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from services.core.eventstore import EventStore
+from services.core.requeue import prefill_event
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.core.telemetry import context_from_traceparent, current_traceparent, get_tracer
 from services.worker.metrics import observe_pool
-from services.worker.runs import AssignedRun, prefill_event
+from services.worker.runs import AssignedRun
 
 log = structlog.get_logger(__name__)
 
@@ -43,6 +45,7 @@ class Status:
     block_size: int
     running_run_ids: list[str]
     draining: bool
+    boot_id: str
 
 
 class WorkerCore:
@@ -54,13 +57,18 @@ class WorkerCore:
         store: EventStore,
         start_run: Callable[[str, NewEvent], None],
         runs: dict[str, AssignedRun] | None = None,
+        drop_run: Callable[[str], None] | None = None,
     ) -> None:
-        """`start_run` appends a newly assigned run's `prefill` (the StepAppender's start)."""
+        """`start_run` appends a newly assigned run's `prefill` (the StepAppender's start);
+        `drop_run` stops a run without appending anything more for it (its `drop`)."""
         self.worker_id = worker_id
         self.model = model
         self.engine = engine
         self.store = store
         self.start_run = start_run
+        self.drop_run = drop_run or self._drop
+        # Tells the scheduler this process apart from an earlier one under the same id.
+        self.boot_id = uuid.uuid4().hex
         # Shared with the StepAppender, which removes runs as they end.
         self.runs: dict[str, AssignedRun] = runs if runs is not None else {}
         self.draining = False
@@ -69,12 +77,16 @@ class WorkerCore:
 
     async def assign(self, assignment: Assignment) -> None:
         """Hands the run to the engine and has its `prefill` appended under its lease."""
-        if assignment.run_id in self.runs:
+        held = self.runs.get(assignment.run_id)
+        if held is not None:
+            self._check_newer(held, assignment)
             return  # a retried AssignRun
         if self.draining:
             raise Unavailable("the worker is draining", retry_after=1.0)
         if not self.engine_ready:
             raise Unavailable("the worker's engine is restarting", retry_after=1.0)
+        if self.engine.has_request(assignment.run_id):
+            raise Unavailable("an earlier attempt of the run is still stopping", retry_after=0.1)
         if assignment.model != self.model:
             raise FailedPrecondition(f"this worker serves {self.model!r}", "WRONG_MODEL")
         needed = self.engine.limits.blocks_needed(
@@ -114,6 +126,25 @@ class WorkerCore:
         # lease to the test: if it is stale, the append is refused and the run dropped.
         self.start_run(assignment.run_id, prefill)
         log.info("run assigned", run_id=assignment.run_id, tenant_id=assignment.tenant_id)
+
+    def _check_newer(self, held: AssignedRun, assignment: Assignment) -> None:
+        """A newer lease for a run held under an older one: the run was taken back and
+        assigned again (this worker's appends for it are fenced off by now). The old
+        attempt is dropped and the scheduler told to retry, which then starts it anew."""
+        if assignment.lease_epoch <= held.lease_epoch:
+            return
+        log.warning(
+            "newer lease for a held run; dropping the old attempt",
+            run_id=held.run_id,
+            held_epoch=held.lease_epoch,
+            lease_epoch=assignment.lease_epoch,
+        )
+        self.drop_run(held.run_id)
+        raise Unavailable("the worker held an older attempt of this run; retry", retry_after=0.1)
+
+    def _drop(self, run_id: str) -> None:
+        if self.runs.pop(run_id, None) is not None:
+            self.engine.abort(run_id)
 
     async def _fail(self, run: AssignedRun, prefill: NewEvent, message: str) -> None:
         failed = NewEvent(
@@ -156,4 +187,5 @@ class WorkerCore:
             block_size=limits.block_size,
             running_run_ids=sorted(self.runs),
             draining=self.draining or not self.engine_ready,
+            boot_id=self.boot_id,
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.outputs import RequestMetrics, RequestOutput
-from services.core.requeue import ENGINE_ERROR, lost_run_event, requeue_or_fail
+from services.core.requeue import ENGINE_ERROR, lost_run_events, prefill_event
 from services.core.runs import NewEvent, RunState, StoredEvent
 
 COMPLETED_REASONS = frozenset({"stop", "length", "stop_sequence"})
@@ -29,25 +29,14 @@ class AssignedRun:
     streamed: bool = False
 
 
-def prefill_event(worker_id: str, lease_epoch: int) -> NewEvent:
-    return NewEvent(RunState.PREFILL, {"worker_id": worker_id, "lease_epoch": lease_epoch})
-
-
 def engine_lost_events(
     events: Sequence[StoredEvent], worker_id: str, lease_epoch: int
 ) -> list[NewEvent]:
-    """What settles a run of this worker whose engine died, given the run's stored events:
-    re-queued (or REQUEUE_LIMIT) if it streamed nothing, else `failed` ENGINE_ERROR with
-    the usage delivered; nothing for a run that ended meanwhile.
-
-    A run whose `prefill` was not stored yet gets it first, so that the attempt counts
-    towards the re-queue limit: a request that kills the engine at once ends there too.
-    """
-    state = events[-1].kind if events else None
-    if state == RunState.QUEUED:
-        return [prefill_event(worker_id, lease_epoch), requeue_or_fail(events, ENGINE_ERROR)]
-    event = lost_run_event(events, ENGINE_ERROR, "the engine process died during the run")
-    return [event] if event is not None else []
+    """What settles a run of this worker whose engine died (`lost_run_events`): re-queued
+    (or REQUEUE_LIMIT) if it streamed nothing, else `failed` ENGINE_ERROR with the usage
+    delivered; nothing for a run that ended meanwhile."""
+    message = "the engine process died during the run"
+    return lost_run_events(events, ENGINE_ERROR, message, prefill_event(worker_id, lease_epoch))
 
 
 def usage_of(metrics: RequestMetrics) -> dict[str, Any]:

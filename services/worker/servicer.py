@@ -84,4 +84,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             block_size=status.block_size,
             running_run_ids=status.running_run_ids,
             draining=status.draining,
+            boot_id=status.boot_id,
         )

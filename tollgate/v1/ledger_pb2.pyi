@@ -69,13 +69,15 @@ class GetReconciliationRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Reconciliation(_message.Message):
-    __slots__ = ("ok", "unbilled_run_ids", "unreleased_run_ids", "mismatched_run_ids")
+    __slots__ = ("ok", "unbilled_run_ids", "unreleased_run_ids", "mismatched_run_ids", "stuck_run_ids")
     OK_FIELD_NUMBER: _ClassVar[int]
     UNBILLED_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     UNRELEASED_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     MISMATCHED_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    STUCK_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     unbilled_run_ids: _containers.RepeatedScalarFieldContainer[str]
     unreleased_run_ids: _containers.RepeatedScalarFieldContainer[str]
     mismatched_run_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ok: _Optional[bool] = ..., unbilled_run_ids: _Optional[_Iterable[str]] = ..., unreleased_run_ids: _Optional[_Iterable[str]] = ..., mismatched_run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    stuck_run_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., unbilled_run_ids: _Optional[_Iterable[str]] = ..., unreleased_run_ids: _Optional[_Iterable[str]] = ..., mismatched_run_ids: _Optional[_Iterable[str]] = ..., stuck_run_ids: _Optional[_Iterable[str]] = ...) -> None: ...

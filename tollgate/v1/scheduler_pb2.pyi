@@ -14,28 +14,39 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("num_interactive", "num_batch", "num_running", "num_workers", "num_free_blocks")
+    __slots__ = ("num_interactive", "num_batch", "num_running", "num_workers", "num_free_blocks", "max_run_tokens")
+    class MaxRunTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NUM_INTERACTIVE_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCH_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_interactive: int
     num_batch: int
     num_running: int
     num_workers: int
     num_free_blocks: int
-    def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ...) -> None: ...
+    max_run_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model")
+    __slots__ = ("worker_id", "address", "model", "boot_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_seconds",)
@@ -44,14 +55,18 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "num_free_blocks", "running_run_ids")
+    __slots__ = ("worker_id", "num_free_blocks", "running_run_ids", "draining", "boot_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_free_blocks: int
     running_run_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    draining: bool
+    boot_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

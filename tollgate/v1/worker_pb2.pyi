@@ -56,7 +56,7 @@ class GetWorkerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "block_size", "running_run_ids", "draining")
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "block_size", "running_run_ids", "draining", "boot_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class WorkerStatus(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     RUNNING_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     num_free_blocks: int
@@ -71,4 +72,5 @@ class WorkerStatus(_message.Message):
     block_size: int
     running_run_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ...) -> None: ...

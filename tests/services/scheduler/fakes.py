@@ -20,6 +20,10 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.assigned: list[worker_pb2.AssignRunRequest] = []
         self.rejected: list[str] = []
         self.cancelled: list[str] = []
+        # Runs it accepts, then leaves out of its status at once (its process dies early).
+        self.drops_runs = False
+        self.dropped: list[str] = []
+        self.boot_id = "boot-1"
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -37,7 +41,13 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
             self.server = None
 
     def running(self) -> list[str]:
-        return [r.run_id for r in self.assigned if r.run_id not in self.cancelled]
+        gone = {*self.cancelled, *self.dropped}
+        return [r.run_id for r in self.assigned if r.run_id not in gone]
+
+    def restart(self) -> None:
+        """What a worker process started again at the same address holds: nothing."""
+        self.dropped.extend(self.running())
+        self.boot_id = f"boot-{len(self.dropped)}-{self.boot_id}"
 
     def assignment(self, run_id: str) -> worker_pb2.AssignRunRequest | None:
         return next((r for r in reversed(self.assigned) if r.run_id == run_id), None)
@@ -54,6 +64,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "no room")
         self.free_blocks -= blocks
         self.assigned.append(request)
+        if self.drops_runs:
+            self.dropped.append(request.run_id)
         return worker_pb2.AssignRunResponse(worker_id=self.worker_id)
 
     async def CancelAssignedRun(  # noqa: N802
@@ -73,4 +85,5 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
             num_total_blocks=self.total_blocks,
             block_size=BLOCK_SIZE,
             running_run_ids=self.running(),
+            boot_id=self.boot_id,
         )

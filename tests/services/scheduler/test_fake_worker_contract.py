@@ -58,6 +58,7 @@ class WorkerContractTests:
     async def test_an_idle_worker_reports_its_model_and_blocks(self, worker: WorkerSide) -> None:
         status = await worker.status()
         assert (status.worker_id, status.model, status.block_size) == (WORKER_ID, "tiny", 16)
+        assert status.boot_id  # what tells the scheduler the process restarted
         assert status.num_free_blocks == status.num_total_blocks == NUM_BLOCKS
         assert list(status.running_run_ids) == [] and not status.draining
 

@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.core.runs import RunState, StoredEvent
-from services.scheduler.recovery import lost_worker_event
+from services.scheduler.recovery import lost_worker_events
 
 QUEUED = {
     "model": "tiny",
@@ -23,15 +23,15 @@ def events(*kinds_payloads: tuple[RunState, dict[str, Any]]) -> list[StoredEvent
 
 
 def test_a_run_that_only_started_prefill_is_requeued_with_its_payload() -> None:
-    event = lost_worker_event(
-        events((RunState.QUEUED, QUEUED), (RunState.PREFILL, {"worker_id": "w"})), "w"
+    [event] = lost_worker_events(
+        events((RunState.QUEUED, QUEUED), (RunState.PREFILL, {"worker_id": "w"})), "w", 2
     )
-    assert event is not None and event.kind == RunState.QUEUED
+    assert event.kind == RunState.QUEUED
     assert event.payload == {**QUEUED, "requeue_reason": "WORKER_LOST"}
 
 
 def test_a_run_that_streamed_fails_with_the_usage_delivered() -> None:
-    event = lost_worker_event(
+    [event] = lost_worker_events(
         events(
             (RunState.QUEUED, QUEUED),
             (RunState.PREFILL, {"worker_id": "w", "cached_prompt_tokens": "2"}),
@@ -39,8 +39,9 @@ def test_a_run_that_streamed_fails_with_the_usage_delivered() -> None:
             (RunState.STREAMING, {"token_ids": [7], "text": "c"}),
         ),
         "w",
+        2,
     )
-    assert event is not None and event.kind == RunState.FAILED
+    assert event.kind == RunState.FAILED
     assert event.payload["code"] == "WORKER_LOST"
     assert event.payload["usage"] == {
         "prompt_tokens": 3,
@@ -49,14 +50,19 @@ def test_a_run_that_streamed_fails_with_the_usage_delivered() -> None:
     }
 
 
-def test_queued_and_ended_runs_need_no_event() -> None:
-    assert lost_worker_event(events((RunState.QUEUED, QUEUED)), "w") is None
+def test_an_assigned_run_not_started_counts_an_attempt_and_an_ended_run_needs_nothing() -> None:
+    prefill, queued = lost_worker_events(events((RunState.QUEUED, QUEUED)), "w", 2)
+    assert (prefill.kind, prefill.payload) == (
+        RunState.PREFILL,
+        {"worker_id": "w", "lease_epoch": 2},
+    )
+    assert queued.payload == {**QUEUED, "requeue_reason": "WORKER_LOST"}
     done = events(
         (RunState.QUEUED, QUEUED),
         (RunState.PREFILL, {}),
         (RunState.COMPLETED, {"finish_reason": "length"}),
     )
-    assert lost_worker_event(done, "w") is None
+    assert lost_worker_events(done, "w", 2) == []
 
 
 def test_a_run_requeued_three_times_fails_at_the_requeue_limit_the_next_time() -> None:
@@ -65,10 +71,13 @@ def test_a_run_requeued_three_times_fails_at_the_requeue_limit_the_next_time() -
     for _ in range(3):
         history += [(RunState.PREFILL, {"worker_id": "w"}), (RunState.QUEUED, requeued)]
     history.append((RunState.PREFILL, {"worker_id": "w"}))
-    event = lost_worker_event(events(*history), "w")
-    assert event is not None and event.kind == RunState.FAILED
+    [event] = lost_worker_events(events(*history), "w", 2)
+    assert event.kind == RunState.FAILED
     assert event.payload["code"] == "REQUEUE_LIMIT"
     assert event.payload["usage"]["output_tokens"] == 0
     # One re-queue fewer, and it goes back to the queue once more.
-    again = lost_worker_event(events(*history[:-3], history[-1]), "w")
-    assert again is not None and again.kind == RunState.QUEUED
+    [again] = lost_worker_events(events(*history[:-3], history[-1]), "w", 2)
+    assert again.kind == RunState.QUEUED
+    # The same bound holds for a run that took its worker down before its prefill.
+    _, limited = lost_worker_events(events(*history[:-1]), "w", 2)
+    assert limited.payload["code"] == "REQUEUE_LIMIT"

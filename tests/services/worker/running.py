@@ -46,7 +46,7 @@ async def running_worker(
     runs: dict[str, AssignedRun] = {}
     appender = StepAppender(store, runs, lambda run_id: engine.abort(run_id))
     engine = await ProcessEngine.start(model_dir, config, appender.on_step)
-    core = WorkerCore(worker_id, MODEL, engine, store, appender.start, runs)
+    core = WorkerCore(worker_id, MODEL, engine, store, appender.start, runs, drop_run=appender.drop)
     server, port, _ = create_server(
         "127.0.0.1:0",
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), s),

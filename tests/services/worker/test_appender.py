@@ -1,6 +1,8 @@
 import asyncio
 from collections.abc import Callable, Sequence
 
+from sqlalchemy.exc import OperationalError
+
 from engine.outputs import RequestOutput
 from services.core.eventstore import Append, EventStore
 from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
@@ -140,3 +142,67 @@ def test_the_interval_grows_with_the_runs_held_between_its_bounds() -> None:
     for i in range(8, 100):
         runs[str(i)] = AssignedRun(run_id=str(i), tenant_id="t", lease_epoch=1, last_seq=1)
     assert appender.interval() == 0.25
+
+
+async def test_an_append_whose_commit_reply_was_lost_goes_on_with_every_run(
+    store: EventStore,
+) -> None:
+    runs = {"a": await started_run(store, "a"), "b": await started_run(store, "b")}
+    append_batch = store.append_batch
+    replies_lost = 0
+
+    async def reply_lost_once(appends: Sequence[Append]) -> list[StoredEvent]:
+        nonlocal replies_lost
+        stored = await append_batch(appends)
+        if not replies_lost:
+            replies_lost += 1
+            # The transaction committed; the connection broke before its reply came back.
+            raise OperationalError("COMMIT", None, ConnectionError("server closed the connection"))
+        return stored
+
+    store.append_batch = reply_lost_once  # type: ignore[method-assign]
+    aborted: list[str] = []
+    appender = StepAppender(store, runs, aborted.append)
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.on_step([out("a", 1), out("b", 1)])
+        await appender.flush()
+        appender.on_step([out("a", 2, "length"), out("b", 2, "length")])
+        await wait_until(lambda: not runs)
+    finally:
+        task.cancel()
+    assert replies_lost == 1
+    assert aborted == []
+    for run_id in ("a", "b"):
+        events = await store.read(run_id)
+        assert [(e.kind, e.payload.get("token_ids")) for e in events[2:]] == [
+            ("streaming", [1]),
+            ("streaming", [2]),
+            ("completed", None),
+        ]
+    assert runs == {}
+
+
+async def test_what_an_earlier_attempt_of_a_run_produced_is_not_appended_for_a_later_one(
+    store: EventStore,
+) -> None:
+    earlier = await started_run(store, "a")
+    runs = {"a": earlier}
+    appender = StepAppender(store, runs, lambda run_id: None, min_interval=60.0)
+    appender.on_step([out("a", 1)])  # produced for the earlier attempt, not appended yet
+    appender.drop("a")
+    # The run is assigned here again under a newer lease.
+    epoch = await store.acquire_lease("a", "worker-1")
+    runs["a"] = AssignedRun(run_id="a", tenant_id="t1", lease_epoch=epoch, last_seq=2)
+    task = asyncio.create_task(appender.run())
+    try:
+        await appender.flush()
+        appender.on_step([out("a", 9, "length")])
+        await wait_until(lambda: not runs)
+    finally:
+        task.cancel()
+    events = await store.read("a")
+    assert [(e.kind, e.payload.get("token_ids")) for e in events[2:]] == [
+        ("streaming", [9]),
+        ("completed", None),
+    ]
