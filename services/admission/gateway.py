@@ -124,6 +124,10 @@ class Gateway:
         refused = context_violation(
             len(prompt_token_ids), params.sampling.max_tokens, model.context_length
         ) or vocabulary_violation(params.sampling, model.vocab_size)
+        if refused is None and self.queue_depth is not None:
+            refused = self.queue_depth.fit_violation(
+                params.model, len(prompt_token_ids), params.sampling.max_tokens
+            )
         if refused:
             raise refused
         admission = Admission(

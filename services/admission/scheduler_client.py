@@ -15,6 +15,7 @@ import grpc
 import structlog
 
 from services.admission.admit import Admitted
+from services.core.errors import FieldViolation, InvalidArgument
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -26,10 +27,27 @@ QUEUE_STATS_INTERVAL_S = 1.0
 
 
 class QueueDepth:
-    """The scheduler's queue depth, refreshed in the background for back-pressure."""
+    """The scheduler's queue depth, refreshed in the background for back-pressure, and
+    the fleet's largest pool per model, for runs that could never fit."""
 
     def __init__(self) -> None:
         self.value = 0
+        # model -> the most tokens (prompt + max_tokens) one run may hold on any live
+        # worker serving it; a model absent is not known to be served yet.
+        self.max_run_tokens: dict[str, int] = {}
+
+    def fit_violation(
+        self, model: str, num_prompt_tokens: int, max_tokens: int
+    ) -> InvalidArgument | None:
+        """The refusal of a run larger than every live pool serving `model`."""
+        largest = self.max_run_tokens.get(model)
+        if largest is None or num_prompt_tokens + max_tokens <= largest:
+            return None
+        message = (
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the "
+            f"{largest} tokens the largest worker serving {model} can hold"
+        )
+        return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
 
 
 class SchedulerClient:
@@ -67,17 +85,23 @@ class SchedulerClient:
     async def queue_depth(self) -> int:
         """Runs queued at the scheduler; 0 when it does not answer (admit: the scheduler's
         own queue bounds the rest)."""
+        stats = await self._queue_stats()
+        return int(stats.num_interactive + stats.num_batch) if stats else 0
+
+    async def _queue_stats(self) -> scheduler_pb2.QueueStats | None:
         request = scheduler_pb2.GetQueueStatsRequest()
         try:
-            stats = await self.stub.GetQueueStats(request, timeout=QUEUE_STATS_TIMEOUT_S)
+            return await self.stub.GetQueueStats(request, timeout=QUEUE_STATS_TIMEOUT_S)
         except grpc.aio.AioRpcError:
-            return 0
-        return int(stats.num_interactive + stats.num_batch)
+            return None
 
     async def watch_queue_depth(self, depth: QueueDepth) -> None:
-        """Keeps `depth` current, for back-pressure, until cancelled."""
+        """Keeps `depth` current until cancelled. A scheduler that does not answer reads
+        as an empty queue and a fleet of unknown size: nothing is refused for it."""
         while True:
-            depth.value = await self.queue_depth()
+            stats = await self._queue_stats()
+            depth.value = int(stats.num_interactive + stats.num_batch) if stats else 0
+            depth.max_run_tokens = dict(stats.max_run_tokens) if stats else {}
             await asyncio.sleep(QUEUE_STATS_INTERVAL_S)
 
     async def close(self) -> None:

@@ -35,6 +35,7 @@ from services.scheduler.repository import SchedulerRepository
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.state import SchedulerState
 from services.scheduler.tracking import AssignmentTracker
+from services.scheduler.unfit import UnfitRuns
 from services.scheduler.worker_client import WorkerClients
 from services.scheduler.workers import WorkerRegistry
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -56,6 +57,8 @@ class SchedulerSettings:
     worker_timeout: float = 5.0
     heartbeat_interval: float = 1.0
     max_skip_age: float = 30.0
+    # How long a queued run may find no live worker able to hold it before it fails.
+    unfit_grace: float = 30.0
     block_size: int = 16
     kafka_session_timeout_ms: int = 10_000
     # How often a follower tries to take over, and a leader checks it still leads.
@@ -70,6 +73,7 @@ class SchedulerSettings:
             worker_timeout=env_float("TOLLGATE_WORKER_TIMEOUT", 5.0),
             heartbeat_interval=env_float("TOLLGATE_HEARTBEAT_INTERVAL", 1.0),
             max_skip_age=env_float("TOLLGATE_SCHEDULER_MAX_SKIP_SECONDS", 30.0),
+            unfit_grace=env_float("TOLLGATE_SCHEDULER_UNFIT_GRACE", 30.0),
             block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
             kafka_session_timeout_ms=env_int("TOLLGATE_KAFKA_SESSION_TIMEOUT_MS", 10_000),
             takeover_interval=env_float("TOLLGATE_SCHEDULER_TAKEOVER_INTERVAL", 0.5),
@@ -91,12 +95,14 @@ class SchedulerApp:
         self.intake = Intake(self.state, self.repository)
         self.tracker = AssignmentTracker(self.state, self.repository)
         self.recovery = Recovery(self.state, self.store, self.intake.take)
+        self.unfit = UnfitRuns(self.state, self.store, settings.unfit_grace)
         self.liveness = LivenessChecker(
             self.state,
             self.clients,
             self.recovery.recover,
             timeout=settings.worker_timeout,
             interval=settings.heartbeat_interval,
+            on_checked=self.unfit.check,
         )
         self.dispatcher = Dispatcher(
             self.state,

@@ -14,7 +14,8 @@ age: once a skipped run has waited `max_skip_age` seconds it becomes a
 barrier, nothing behind it in dispatch order is picked, and the capacity
 freed by finishing runs goes to it.  A run that can never fit (`may_ever_fit`
 false: no live worker serves its model with that many blocks) is skipped
-without becoming a barrier; it waits for such a worker to join.  Among runs
+without becoming a barrier; it waits for such a worker to join (`unfit.py` ends it
+once live workers serve its model and none could hold it for a while).  Among runs
 that fit, each tenant's runs leave in FIFO order; the age of a run is counted
 from its creation, so a re-queued run keeps its place.
 

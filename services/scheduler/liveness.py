@@ -41,12 +41,15 @@ class LivenessChecker:
         *,
         timeout: float = 5.0,
         interval: float = 1.0,
+        on_checked: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_checked` is given the time after each check, when the fleet is known anew."""
         self.state = state
         self.clients = clients
         self.recover = recover
         self.timeout = timeout
         self.interval = interval
+        self.on_checked = on_checked
         self.poll_now = asyncio.Event()
         # (run_id, lease_epoch) -> when a check first found its worker leaving it out
         self.left_out: dict[tuple[str, int], float] = {}
@@ -76,6 +79,8 @@ class LivenessChecker:
             log.warning("worker no longer holds the run", run_id=assignment.run_id,
                         worker_id=assignment.worker_id)  # fmt: skip
             await self.recover(assignment, "no longer holds the run")
+        if self.on_checked is not None:
+            await self.on_checked(now)
 
     def _dropped(self, now: float) -> list[Assignment]:
         """Assignments their live worker has left out of its reports for `interval`."""

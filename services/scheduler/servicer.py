@@ -48,6 +48,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             num_running=stats.num_running,
             num_workers=stats.num_workers,
             num_free_blocks=stats.num_free_blocks,
+            max_run_tokens=stats.max_run_tokens,
         )
 
     @rpc_errors

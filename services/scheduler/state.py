@@ -26,6 +26,7 @@ class QueueStats:
     num_running: int
     num_workers: int
     num_free_blocks: int
+    max_run_tokens: dict[str, int]
 
 
 # Ended runs remembered: far more than end between a run's `queued` event and its delivery.
@@ -147,4 +148,14 @@ class SchedulerState:
             num_running=len(self.assignments),
             num_workers=len(alive),
             num_free_blocks=sum(w.num_free_blocks for w in alive),
+            max_run_tokens=self.registry.max_run_tokens(),
         )
+
+    def never_fitting(self) -> list[QueuedRun]:
+        """Queued runs that live workers serve the model of, none of which could hold them."""
+        return [
+            run
+            for run in self.queued.values()
+            if self.registry.serves_any(run.model)
+            and not self.registry.may_ever_fit(run.num_kv_blocks, run.model)
+        ]

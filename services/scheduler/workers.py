@@ -195,6 +195,19 @@ class WorkerRegistry:
             for w in self._workers.values()
         )
 
+    def serves_any(self, model: str) -> bool:
+        """Whether some live worker serves `model`."""
+        return any(w.alive and w.serves(model) for w in self._workers.values())
+
+    def max_run_tokens(self) -> dict[str, int]:
+        """Per model, the most tokens one run may hold on the largest pool of the live
+        workers that serve it (those that have said their model and block size)."""
+        largest: dict[str, int] = {}
+        for w in self.alive():
+            if w.model and w.block_size:
+                largest[w.model] = max(largest.get(w.model, 0), w.capacity * w.block_size)
+        return largest
+
     def expire(self, now: float, timeout: float) -> list[str]:
         """Marks workers unheard of for `timeout` seconds as lost; returns their ids."""
         lost = [

@@ -18,7 +18,7 @@ from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import GenerateParams, Limits, Sampling
 from services.admission.scheduler_client import QueueDepth, hinted_run
 from services.admission.stream import RunFeed
-from services.core.errors import QuotaExceeded, Unavailable
+from services.core.errors import InvalidArgument, QuotaExceeded, Unavailable
 from services.core.runs import RunState
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.servicer import run_from_hint
@@ -339,6 +339,24 @@ async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(
         await gateway.start(tenant_id, params("second"))
     assert (await gateway.start(tenant_id, params("first"))).run_id == run_id
     assert await count_runs(admission) == 1
+
+
+async def test_a_run_larger_than_every_live_pool_for_its_model_is_refused(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    tenant_id, _ = await admission.new_tenant_key("fleet")
+    depth = QueueDepth()
+    depth.max_run_tokens = {MODEL: 40}
+    gateway = direct_gateway(admission, tiny_model_dir, queue_depth=depth)
+    large = GenerateParams(MODEL, "hello", (), Sampling(max_tokens=39), "interactive", "l", 60)
+    with pytest.raises(InvalidArgument) as refused:
+        await gateway.start(tenant_id, large)
+    assert [v.field for v in refused.value.violations] == ["sampling.max_tokens"]
+    assert "40 tokens the largest worker serving" in str(refused.value.violations[0].description)
+    await gateway.start(tenant_id, params("small"))  # 4 tokens fit
+    depth.max_run_tokens = {}  # the fleet's pools unknown: nothing is refused for them
+    await gateway.start(tenant_id, large)
+    assert await count_runs(admission) == 2
 
 
 async def test_list_runs_pages_through_everything(admission: Admission) -> None:
