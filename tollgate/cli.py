@@ -1,7 +1,7 @@
 """The `tollgate` command line: each area registers its own subcommands.
 
 The client's commands (`tollgate.commands`) are registered at once. The operator's
-(`up`, `infra`, `models`, `engine`) load the server side (torch, SQLAlchemy, Kafka), so
+(`up`, `infra`, `reconcile`, `models`, `engine`) load the server side (torch, SQLAlchemy, Kafka), so
 each stands as a placeholder that imports its module only when that command is parsed;
 `tollgate --help` lists them from `OPERATOR_COMMANDS`.
 """
@@ -34,6 +34,11 @@ OPERATOR_COMMANDS = (
     ),
     OperatorCommand(
         "up", "start PostgreSQL, the broker and the four services", "services.stack.cli"
+    ),
+    OperatorCommand(
+        "reconcile",
+        "check every run's events and billing in the database (exit 1 if not ok)",
+        "services.ledger.reconcile_cli",
     ),
     OperatorCommand("models", "create and inspect model directories", "engine.tools.cli"),
     OperatorCommand("engine", "run the inference engine offline", "engine.tools.cli"),

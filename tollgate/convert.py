@@ -195,6 +195,7 @@ def reconciliation_of(message: ledger_pb2.Reconciliation) -> Reconciliation:
         unbilled_run_ids=tuple(message.unbilled_run_ids),
         unreleased_run_ids=tuple(message.unreleased_run_ids),
         mismatched_run_ids=tuple(message.mismatched_run_ids),
+        stuck_run_ids=tuple(message.stuck_run_ids),
     )
 
 

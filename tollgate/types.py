@@ -139,12 +139,14 @@ class UsageReport:
 
 @dataclass(frozen=True, slots=True)
 class Reconciliation:
-    """Runs whose billing or KV reservation does not add up; `ok` when there are none."""
+    """Runs whose billing or KV reservation does not add up, or that have not ended in
+    time (stuck); `ok` when there are none."""
 
     ok: bool
     unbilled_run_ids: tuple[str, ...]
     unreleased_run_ids: tuple[str, ...]
     mismatched_run_ids: tuple[str, ...]
+    stuck_run_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve, start_metrics
 from services.ledger.consumer import LedgerConsumer
 from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_prices
+from services.ledger.reconcile import DEFAULT_STUCK_AFTER_SECONDS
 from services.ledger.servicer import LedgerServicer
 from services.ledger.sweep import Sweeper
 from tollgate.v1 import ledger_pb2, ledger_pb2_grpc
@@ -34,6 +35,8 @@ class LedgerSettings:
     prices: PriceTable
     sweep_interval: float
     sweep_grace: float
+    # A run not ended this long after its creation is reported stuck.
+    stuck_after: float = DEFAULT_STUCK_AFTER_SECONDS
 
     @classmethod
     def from_env(cls) -> LedgerSettings:
@@ -44,6 +47,7 @@ class LedgerSettings:
             prices=parse_prices(os.environ.get("TOLLGATE_PRICES"), currency),
             sweep_interval=env_float("TOLLGATE_LEDGER_SWEEP_INTERVAL", 5.0),
             sweep_grace=env_float("TOLLGATE_LEDGER_SWEEP_GRACE", 10.0),
+            stuck_after=env_float("TOLLGATE_LEDGER_STUCK_SECONDS", DEFAULT_STUCK_AFTER_SECONDS),
         )
 
 
@@ -56,6 +60,7 @@ def create_ledger_server(
         admin_token=settings.admin_token,
         currency=settings.prices.currency,
         sweep_grace=settings.sweep_grace,
+        stuck_after=settings.stuck_after,
     )
     return create_server(
         settings.common.listen,

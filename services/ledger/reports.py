@@ -1,4 +1,5 @@
-"""The read side of the ledger: entries, usage and reconciliation, scoped by caller."""
+"""The read side of the ledger: entries and usage, scoped by caller (reconciliation:
+`reconcile.py`)."""
 
 from __future__ import annotations
 
@@ -97,24 +98,3 @@ async def usage(
     lines = [UsageLine(t, totals.quantities.get(t, 0), totals.amounts.get(t, 0)) for t in types]
     amount = sum(line.amount_micros for line in lines)
     return Usage(tenant_id, totals.num_runs, lines, amount, currency)
-
-
-@dataclass(frozen=True, slots=True)
-class Reconciliation:
-    unbilled_run_ids: list[str]
-    unreleased_run_ids: list[str]
-    mismatched_run_ids: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not (self.unbilled_run_ids or self.unreleased_run_ids or self.mismatched_run_ids)
-
-
-async def reconcile(db: Database, tenant_id: str | None, grace: float) -> Reconciliation:
-    """What the ledger owes or got wrong: each list holds at most MAX_REPORTED_RUNS ids."""
-    async with db.connect() as conn:
-        return Reconciliation(
-            unbilled_run_ids=await repository.overdue_run_ids(conn, grace, tenant_id),
-            unreleased_run_ids=await repository.unreleased_run_ids(conn, tenant_id),
-            mismatched_run_ids=await repository.mismatched_run_ids(conn, tenant_id),
-        )

@@ -12,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.db import driver_cursor
 from services.core.eventstore import view_from_row
-from services.core.runs import TERMINAL_STATES, RunState, RunView
-from services.core.schema import kv_reservations, ledger_entries, run_events, runs
-from services.ledger.pricing import BILLING_TYPES, BillableRun, LedgerEntry
+from services.core.runs import TERMINAL_STATES, RunView
+from services.core.schema import ledger_entries, runs
+from services.ledger.pricing import BillableRun, LedgerEntry
 
 _TERMINAL = sorted(str(state) for state in TERMINAL_STATES)
 # Far more than a healthy system ever reports; keeps one reply bounded.
@@ -112,54 +112,6 @@ async def overdue_run_ids(
     if tenant_id is not None:
         query = query.where(runs.c.tenant_id == tenant_id)
     query = query.order_by(runs.c.updated_at, runs.c.run_id).limit(limit)
-    return list((await conn.scalars(query)).all())
-
-
-async def unreleased_run_ids(conn: AsyncConnection, tenant_id: str | None) -> list[str]:
-    query = (
-        sa.select(runs.c.run_id)
-        .join(kv_reservations, kv_reservations.c.run_id == runs.c.run_id)
-        .where(runs.c.state == str(RunState.BILLED), kv_reservations.c.released_at.is_(None))
-    )
-    if tenant_id is not None:
-        query = query.where(runs.c.tenant_id == tenant_id)
-    query = query.order_by(runs.c.run_id).limit(MAX_REPORTED_RUNS)
-    return list((await conn.scalars(query)).all())
-
-
-async def mismatched_run_ids(conn: AsyncConnection, tenant_id: str | None) -> list[str]:
-    """Billed runs whose entries do not add up to their `billed` event."""
-    totals = (
-        sa.select(
-            ledger_entries.c.run_id,
-            sa.func.count().label("num_entries"),
-            sa.func.sum(ledger_entries.c.amount_micros).label("amount_micros"),
-        )
-        .group_by(ledger_entries.c.run_id)
-        .subquery()
-    )
-    billed_amount = sa.cast(run_events.c.payload["amount_micros"].astext, sa.BigInteger)
-    query = (
-        sa.select(runs.c.run_id)
-        .join(
-            run_events,
-            sa.and_(
-                run_events.c.run_id == runs.c.run_id,
-                run_events.c.kind == str(RunState.BILLED),
-            ),
-        )
-        .outerjoin(totals, totals.c.run_id == runs.c.run_id)
-        .where(
-            runs.c.state == str(RunState.BILLED),
-            sa.or_(
-                sa.func.coalesce(totals.c.num_entries, 0) != len(BILLING_TYPES),
-                sa.func.coalesce(totals.c.amount_micros, 0) != sa.func.coalesce(billed_amount, 0),
-            ),
-        )
-    )
-    if tenant_id is not None:
-        query = query.where(runs.c.tenant_id == tenant_id)
-    query = query.order_by(runs.c.run_id).limit(MAX_REPORTED_RUNS)
     return list((await conn.scalars(query)).all())
 
 

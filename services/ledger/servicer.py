@@ -11,19 +11,26 @@ from services.core.auth import Principal, authenticate
 from services.core.db import Database
 from services.core.errors import InvalidArgument, rpc_errors
 from services.core.validation import timestamp_violation
-from services.ledger import reports
+from services.ledger import reconcile, reports
 from services.ledger.pricing import LedgerEntry
 from tollgate.v1 import events_pb2, ledger_pb2, ledger_pb2_grpc
 
 
 class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
     def __init__(
-        self, db: Database, *, admin_token: str, currency: str, sweep_grace: float
+        self,
+        db: Database,
+        *,
+        admin_token: str,
+        currency: str,
+        sweep_grace: float,
+        stuck_after: float = reconcile.DEFAULT_STUCK_AFTER_SECONDS,
     ) -> None:
         self.db = db
         self.admin_token = admin_token
         self.currency = currency
         self.sweep_grace = sweep_grace
+        self.stuck_after = stuck_after
 
     async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         return await authenticate(
@@ -78,13 +85,13 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
         self, request: ledger_pb2.GetReconciliationRequest, context: grpc.aio.ServicerContext
     ) -> ledger_pb2.Reconciliation:
         tenant_id = reports.visible_tenant(await self._principal(context), "")
-        report = await reports.reconcile(self.db, tenant_id, self.sweep_grace)
-        return ledger_pb2.Reconciliation(
-            ok=report.ok,
-            unbilled_run_ids=report.unbilled_run_ids,
-            unreleased_run_ids=report.unreleased_run_ids,
-            mismatched_run_ids=report.mismatched_run_ids,
+        report = await reconcile.check(
+            self.db,
+            reconcile.Scope(tenant_id),
+            unbilled_grace=self.sweep_grace,
+            stuck_after=self.stuck_after,
         )
+        return reconciliation_to_proto(report)
 
 
 def _time(request: ledger_pb2.GetUsageRequest, name: str) -> datetime | None:
@@ -95,6 +102,25 @@ def _time(request: ledger_pb2.GetUsageRequest, name: str) -> datetime | None:
     if out_of_range is not None:
         raise InvalidArgument([out_of_range])
     return stamp.ToDatetime(tzinfo=UTC)
+
+
+def reconciliation_to_proto(report: reconcile.InvariantReport) -> ledger_pb2.Reconciliation:
+    """The report in the message's four lists: every way a billed run's accounts or events
+    do not add up counts as mismatched."""
+    mismatched = {
+        *report.mismatched_run_ids,
+        *report.misended_run_ids,
+        *report.seq_gap_run_ids,
+        *report.double_billed_run_ids,
+        *report.token_mismatch_run_ids,
+    }
+    return ledger_pb2.Reconciliation(
+        ok=report.ok,
+        unbilled_run_ids=report.unbilled_run_ids,
+        unreleased_run_ids=report.unreleased_run_ids,
+        mismatched_run_ids=sorted(mismatched),
+        stuck_run_ids=report.stuck_run_ids,
+    )
 
 
 def entry_to_proto(entry: LedgerEntry) -> events_pb2.LedgerEntry:

@@ -158,12 +158,16 @@ def entries_table(entries: Sequence[LedgerEntry]) -> str:
 
 def reconciliation_text(report: Reconciliation) -> str:
     if report.ok:
-        return "ok: every terminal run is billed once and its KV reservation released"
+        return (
+            "ok: every terminal run is billed once and its KV reservation released,"
+            " and no run is stuck"
+        )
     lines = ["NOT OK"]
     for label, ids in (
         ("unbilled", report.unbilled_run_ids),
         ("unreleased", report.unreleased_run_ids),
         ("mismatched", report.mismatched_run_ids),
+        ("stuck", report.stuck_run_ids),
     ):
         lines.extend(f"{label} {run_id}" for run_id in ids)
     return "\n".join(lines)

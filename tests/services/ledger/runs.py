@@ -62,9 +62,11 @@ async def terminal_run(
     run_usage: dict[str, int | float] | None = None,
     model: str = "tiny",
 ) -> str:
-    """A run that went queued → prefill → streaming → `kind`, not yet billed."""
+    """A run that went queued → prefill → streaming → `kind`, not yet billed; it streamed
+    as many tokens as its usage says."""
     run_id = await queued_run(store, tenant_id, model)
-    payload: dict[str, Any] = {"usage": run_usage or usage()}
+    run_usage = run_usage or usage()
+    payload: dict[str, Any] = {"usage": run_usage}
     if kind == RunState.COMPLETED:
         payload["finish_reason"] = "length"
     else:
@@ -74,11 +76,19 @@ async def terminal_run(
         1,
         [
             NewEvent(RunState.PREFILL),
-            NewEvent(RunState.STREAMING, {"token_ids": [5, 6], "text": "hi"}),
+            NewEvent(
+                RunState.STREAMING,
+                {"token_ids": _tokens(run_usage.get("output_tokens")), "text": "hi"},
+            ),
             NewEvent(kind, payload),
         ],
     )
     return run_id
+
+
+def _tokens(output_tokens: object) -> list[int]:
+    """As many tokens as `output_tokens` says; two where it says no number."""
+    return list(range(output_tokens if isinstance(output_tokens, int) else 2))
 
 
 async def entry_count(db: Database, run_id: str | None = None) -> int:

@@ -12,11 +12,11 @@ from services.core.config import CommonSettings
 from services.core.db import Database
 from services.core.errors import status_details
 from services.core.eventstore import EventStore
-from services.core.schema import kv_reservations, ledger_entries
+from services.core.schema import kv_reservations, ledger_entries, runs
 from services.ledger.app import LedgerSettings, create_ledger_server
 from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
-from tests.services.ledger.runs import age_runs, create_tenant, terminal_run, usage
+from tests.services.ledger.runs import age_runs, create_tenant, queued_run, terminal_run, usage
 from tollgate.v1 import ledger_pb2, ledger_pb2_grpc
 
 ADMIN = "admin-secret-token"
@@ -297,3 +297,20 @@ async def test_usage_periods_outside_the_timestamp_range_are_refused(
         end_time=timestamp_pb2.Timestamp(seconds=253_402_300_799, nanos=999_999_999),
     )
     assert (await ledger.stub.GetUsage(widest, metadata=auth(key))).num_runs == 0
+
+
+async def test_reconciliation_reports_runs_stuck_past_the_bound(ledger: Ledger) -> None:
+    tenant, _ = await create_tenant(ledger.db)
+    stuck = await queued_run(ledger.store, tenant)
+    young = await queued_run(ledger.store, tenant)
+    async with ledger.db.begin() as conn:
+        await conn.execute(
+            runs.update()
+            .where(runs.c.run_id == stuck)
+            .values(created_at=runs.c.created_at - sa.text("interval '1 hour'"))
+        )
+    report = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(ADMIN)
+    )
+    assert not report.ok
+    assert list(report.stuck_run_ids) == [stuck] and young not in report.stuck_run_ids

@@ -1,0 +1,261 @@
+"""The invariants of runs and their billing, checked in the database.
+
+One place for the queries behind `LedgerService.GetReconciliation` and
+`tollgate reconcile`. Each names the runs that break one invariant:
+
+* unbilled: terminal for longer than the sweep's grace, and not billed;
+* unreleased: billed, with their KV reservation still held;
+* mismatched: billed, with entries that do not add up to their `billed` event;
+* misended: not exactly one terminal event and then one `billed`, the last event;
+* seq_gap: events not numbered 1..last_seq without a gap;
+* double_billed: more than one ledger entry for one (tenant, idempotency key, billing type);
+* token_mismatch: billed output tokens other than the tokens their `streaming` events carry;
+* stuck: not ended within `stuck_after` seconds of their creation.
+
+Whether workers' pools are free when idle is not in the database (workers keep their
+pools in memory and report them to the scheduler only), so it is not checked here.
+Every list holds at most MAX_REPORTED_RUNS ids, oldest or smallest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.core.db import Database
+from services.core.runs import ENDED_STATES, TERMINAL_STATES, RunState
+from services.core.schema import kv_reservations, ledger_entries, run_events, runs
+from services.ledger.pricing import BILLING_TYPES, OUTPUT_TOKENS
+from services.ledger.repository import MAX_REPORTED_RUNS, overdue_run_ids
+
+_TERMINAL = sorted(str(state) for state in TERMINAL_STATES)
+_ENDED = sorted(str(state) for state in ENDED_STATES)
+_BILLED = str(RunState.BILLED)
+# A run not ended this long after its creation is stuck, unless told otherwise.
+DEFAULT_STUCK_AFTER_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which runs to check: one tenant's (None: all) created in the last `since_seconds`
+    (None: ever)."""
+
+    tenant_id: str | None = None
+    since_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantReport:
+    unbilled_run_ids: list[str]
+    unreleased_run_ids: list[str]
+    mismatched_run_ids: list[str]
+    misended_run_ids: list[str]
+    seq_gap_run_ids: list[str]
+    double_billed_run_ids: list[str]
+    token_mismatch_run_ids: list[str]
+    stuck_run_ids: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not any(getattr(self, f.name) for f in fields(self))
+
+    def broken(self) -> dict[str, list[str]]:
+        """The invariants broken, by name (the field less `_run_ids`), with their runs."""
+        return {name.removesuffix("_run_ids"): ids for name, ids in asdict(self).items() if ids}
+
+
+async def check(
+    db: Database,
+    scope: Scope,
+    *,
+    unbilled_grace: float,
+    stuck_after: float = DEFAULT_STUCK_AFTER_SECONDS,
+) -> InvariantReport:
+    """Every invariant over the runs in `scope`, in one snapshot."""
+    async with db.connect() as conn:
+        await conn.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+        scoped = _scoped(scope)
+        return InvariantReport(
+            unbilled_run_ids=await _unbilled(conn, scope, unbilled_grace),
+            unreleased_run_ids=await _ids(conn, _unreleased(scoped)),
+            mismatched_run_ids=await _ids(conn, _mismatched(scoped)),
+            misended_run_ids=await _ids(conn, _misended(scoped)),
+            seq_gap_run_ids=await _ids(conn, _seq_gaps(scoped)),
+            double_billed_run_ids=await _ids(conn, _double_billed(scoped)),
+            token_mismatch_run_ids=await _ids(conn, _token_mismatch(scoped)),
+            stuck_run_ids=await _ids(conn, _stuck(scoped, stuck_after)),
+        )
+
+
+def _ago(seconds: float) -> sa.ColumnElement[datetime]:
+    return sa.func.now() - sa.literal_column("interval '1 second'") * float(seconds)
+
+
+def _scoped(scope: Scope) -> sa.Subquery:
+    query = sa.select(runs.c.run_id)
+    if scope.tenant_id is not None:
+        query = query.where(runs.c.tenant_id == scope.tenant_id)
+    if scope.since_seconds is not None:
+        query = query.where(runs.c.created_at >= _ago(scope.since_seconds))
+    return query.subquery("scoped")
+
+
+async def _ids(conn: AsyncConnection, query: sa.Select[tuple[str]]) -> list[str]:
+    subquery = query.subquery()
+    ordered = sa.select(subquery.c.run_id).distinct().order_by(subquery.c.run_id)
+    return list((await conn.scalars(ordered.limit(MAX_REPORTED_RUNS))).all())
+
+
+async def _unbilled(conn: AsyncConnection, scope: Scope, grace: float) -> list[str]:
+    # The sweep's own query, so the report and the sweep agree on what is overdue.
+    overdue = await overdue_run_ids(conn, grace, scope.tenant_id)
+    if scope.since_seconds is None:
+        return overdue
+    recent = set((await conn.scalars(sa.select(_scoped(scope).c.run_id))).all())
+    return [run_id for run_id in overdue if run_id in recent]
+
+
+def _in(scoped: sa.Subquery, column: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    return column.in_(sa.select(scoped.c.run_id))
+
+
+def _unreleased(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    return (
+        sa.select(runs.c.run_id)
+        .join(kv_reservations, kv_reservations.c.run_id == runs.c.run_id)
+        .where(
+            _in(scoped, runs.c.run_id),
+            runs.c.state == _BILLED,
+            kv_reservations.c.released_at.is_(None),
+        )
+    )
+
+
+def _mismatched(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    totals = (
+        sa.select(
+            ledger_entries.c.run_id,
+            sa.func.count().label("num_entries"),
+            sa.func.sum(ledger_entries.c.amount_micros).label("amount_micros"),
+        )
+        .group_by(ledger_entries.c.run_id)
+        .subquery()
+    )
+    billed_amount = sa.cast(run_events.c.payload["amount_micros"].astext, sa.BigInteger)
+    return (
+        sa.select(runs.c.run_id)
+        .join(
+            run_events,
+            sa.and_(run_events.c.run_id == runs.c.run_id, run_events.c.kind == _BILLED),
+        )
+        .outerjoin(totals, totals.c.run_id == runs.c.run_id)
+        .where(
+            _in(scoped, runs.c.run_id),
+            runs.c.state == _BILLED,
+            sa.or_(
+                sa.func.coalesce(totals.c.num_entries, 0) != len(BILLING_TYPES),
+                sa.func.coalesce(totals.c.amount_micros, 0) != sa.func.coalesce(billed_amount, 0),
+            ),
+        )
+    )
+
+
+def _count_of(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[int]:
+    return sa.func.count().filter(condition)
+
+
+def _misended(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    kind, seq = run_events.c.kind, run_events.c.seq
+    num_terminal = _count_of(kind.in_(_TERMINAL))
+    num_billed = _count_of(kind == _BILLED)
+    billed_seq = sa.func.max(seq).filter(kind == _BILLED)
+    return (
+        sa.select(run_events.c.run_id)
+        .where(_in(scoped, run_events.c.run_id))
+        .group_by(run_events.c.run_id)
+        .having(
+            sa.or_(
+                num_terminal > 1,
+                num_billed > 1,
+                sa.and_(num_billed == 1, sa.or_(num_terminal != 1, billed_seq != sa.func.max(seq))),
+            )
+        )
+    )
+
+
+def _seq_gaps(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    numbered = (
+        sa.select(
+            run_events.c.run_id,
+            sa.func.count().label("num_events"),
+            sa.func.min(run_events.c.seq).label("first_seq"),
+            sa.func.max(run_events.c.seq).label("last_seq"),
+        )
+        .group_by(run_events.c.run_id)
+        .subquery()
+    )
+    return (
+        sa.select(runs.c.run_id)
+        .outerjoin(numbered, numbered.c.run_id == runs.c.run_id)
+        .where(
+            _in(scoped, runs.c.run_id),
+            sa.or_(
+                numbered.c.num_events.is_(None),
+                numbered.c.first_seq != 1,
+                numbered.c.last_seq != numbered.c.num_events,
+                numbered.c.last_seq != runs.c.last_seq,
+            ),
+        )
+    )
+
+
+def _double_billed(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    key = (ledger_entries.c.tenant_id, ledger_entries.c.idempotency_key)
+    repeated = (
+        sa.select(*key, ledger_entries.c.billing_type)
+        .group_by(*key, ledger_entries.c.billing_type)
+        .having(sa.func.count() > 1)
+        .subquery()
+    )
+    return (
+        sa.select(ledger_entries.c.run_id)
+        .join(
+            repeated,
+            sa.and_(
+                repeated.c.tenant_id == ledger_entries.c.tenant_id,
+                repeated.c.idempotency_key == ledger_entries.c.idempotency_key,
+                repeated.c.billing_type == ledger_entries.c.billing_type,
+            ),
+        )
+        .where(_in(scoped, ledger_entries.c.run_id))
+    )
+
+
+def _token_mismatch(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    num_tokens = sa.func.json_array_length(run_events.c.payload["token_ids"])
+    streamed = (
+        sa.select(run_events.c.run_id, sa.func.sum(num_tokens).label("num_tokens"))
+        .where(run_events.c.kind == str(RunState.STREAMING))
+        .group_by(run_events.c.run_id)
+        .subquery()
+    )
+    return (
+        sa.select(ledger_entries.c.run_id)
+        .outerjoin(streamed, streamed.c.run_id == ledger_entries.c.run_id)
+        .where(
+            _in(scoped, ledger_entries.c.run_id),
+            ledger_entries.c.billing_type == OUTPUT_TOKENS,
+            ledger_entries.c.quantity != sa.func.coalesce(streamed.c.num_tokens, 0),
+        )
+    )
+
+
+def _stuck(scoped: sa.Subquery, stuck_after: float) -> sa.Select[tuple[str]]:
+    return sa.select(runs.c.run_id).where(
+        _in(scoped, runs.c.run_id),
+        runs.c.state.not_in(_ENDED),
+        runs.c.created_at < _ago(stuck_after),
+    )

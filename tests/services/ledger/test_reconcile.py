@@ -1,0 +1,148 @@
+"""Each invariant of `services/ledger/reconcile.py`, broken on purpose in a real database:
+the report names the run that breaks it, and only that invariant."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from services.core.db import Database
+from services.core.eventstore import EventStore
+from services.core.schema import kv_reservations, ledger_entries, outbox, run_events, runs
+from services.ledger.pricing import PriceTable
+from services.ledger.reconcile import InvariantReport, Scope, check
+from services.ledger.sweep import Sweeper
+from tests.services.ledger.runs import create_tenant, queued_run, terminal_run
+
+
+async def billed(store: EventStore, db: Database, prices: PriceTable, tenant_id: str) -> str:
+    run_id = await terminal_run(store, tenant_id)
+    assert await Sweeper(db, prices, grace=0).bill_one(run_id)
+    return run_id
+
+
+async def report(db: Database, scope: Scope | None = None) -> InvariantReport:
+    return await check(db, scope or Scope(), unbilled_grace=10, stuck_after=60)
+
+
+async def test_healthy_runs_break_nothing(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    tenant, _ = await create_tenant(db)
+    await billed(store, db, prices, tenant)
+    await queued_run(store, tenant)  # young: not stuck
+    result = await report(db)
+    assert result.ok and result.broken() == {}
+
+
+async def test_a_second_terminal_event_after_billed_is_misended(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    tenant, _ = await create_tenant(db)
+    run_id = await billed(store, db, prices, tenant)
+    await _add_event(db, run_id, "completed")
+    assert (await report(db)).broken() == {"misended": [run_id]}
+
+
+async def test_a_missing_event_is_a_seq_gap(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    tenant, _ = await create_tenant(db)
+    run_id = await billed(store, db, prices, tenant)
+    async with db.begin() as conn:
+        lost = sa.and_(run_events.c.run_id == run_id, run_events.c.seq == 2)
+        await conn.execute(sa.delete(outbox).where(outbox.c.run_id == run_id, outbox.c.seq == 2))
+        await conn.execute(sa.delete(run_events).where(lost))
+    assert (await report(db)).broken() == {"seq_gap": [run_id]}
+
+
+async def test_two_entries_for_one_key_and_billing_type_are_double_billed(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    tenant, _ = await create_tenant(db)
+    run_id = await billed(store, db, prices, tenant)
+    async with db.begin() as conn:
+        # Only a database without its constraint can hold this; the report still sees it.
+        await conn.execute(
+            sa.text("ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_once")
+        )
+        await conn.execute(
+            sa.text(
+                "INSERT INTO ledger_entries SELECT entry_id || '-again', tenant_id, run_id,"
+                " idempotency_key, billing_type, model, 0, unit_price_micros, 0, currency,"
+                " created_at FROM ledger_entries WHERE run_id = :run_id"
+                " AND billing_type = 'input_tokens'"
+            ),
+            {"run_id": run_id},
+        )
+    broken = (await report(db)).broken()
+    # Four entries where three belong: the ledger's own totals do not add up either.
+    assert broken == {"double_billed": [run_id], "mismatched": [run_id]}
+
+
+async def test_billed_output_tokens_other_than_the_streamed_ones_are_a_token_mismatch(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    tenant, _ = await create_tenant(db)
+    run_id = await billed(store, db, prices, tenant)
+    async with db.begin() as conn:
+        await conn.execute(
+            ledger_entries.update()
+            .where(
+                ledger_entries.c.run_id == run_id, ledger_entries.c.billing_type == "output_tokens"
+            )
+            .values(quantity=ledger_entries.c.quantity + 1)
+        )
+    assert (await report(db)).broken() == {"token_mismatch": [run_id]}
+
+
+async def test_held_reservations_unbilled_and_stuck_runs_are_named(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    tenant, _ = await create_tenant(db)
+    unreleased = await billed(store, db, prices, tenant)
+    unbilled = await terminal_run(store, tenant)
+    stuck = await queued_run(store, tenant)
+    async with db.begin() as conn:
+        await conn.execute(
+            kv_reservations.update()
+            .where(kv_reservations.c.run_id == unreleased)
+            .values(released_at=None)
+        )
+        await conn.execute(
+            runs.update()
+            .where(runs.c.run_id.in_([unbilled, stuck]))
+            .values(
+                created_at=runs.c.created_at - sa.text("interval '2 minutes'"),
+                updated_at=runs.c.updated_at - sa.text("interval '2 minutes'"),
+            )
+        )
+    assert (await report(db)).broken() == {
+        "unreleased": [unreleased],
+        "unbilled": [unbilled],
+        "stuck": [stuck],
+    }
+    # Runs created before the window are left out; so are other tenants'.
+    recent = await report(db, Scope(since_seconds=60))
+    assert recent.broken() == {"unreleased": [unreleased]}
+    other, _ = await create_tenant(db)
+    assert (await report(db, Scope(tenant_id=other))).ok
+
+
+async def _add_event(db: Database, run_id: str, kind: str) -> None:
+    """An event past the run's last, written as no service would."""
+    async with db.begin() as conn:
+        last_seq = await conn.scalar(sa.select(runs.c.last_seq).where(runs.c.run_id == run_id))
+        tenant_id = await conn.scalar(sa.select(runs.c.tenant_id).where(runs.c.run_id == run_id))
+        await conn.execute(
+            run_events.insert().values(
+                run_id=run_id,
+                seq=last_seq + 1,
+                kind=kind,
+                tenant_id=tenant_id,
+                payload={},
+                traceparent="",
+            )
+        )
+        await conn.execute(
+            runs.update().where(runs.c.run_id == run_id).values(last_seq=last_seq + 1)
+        )
