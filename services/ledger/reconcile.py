@@ -234,10 +234,22 @@ def _double_billed(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
     )
 
 
+# The tokens of a `streaming` event, read from its stored text: PostgreSQL's JSON
+# operators refuse a payload whose text holds an escaped NUL, which a model may emit.
+_TOKEN_IDS = r'"token_ids":\s*\[([^\]]*)\]'
+
+
+def _num_tokens(payload: sa.ColumnElement[object]) -> sa.ColumnElement[int]:
+    listed = sa.func.nullif(sa.func.substring(sa.cast(payload, sa.Text), _TOKEN_IDS), "")
+    return sa.func.coalesce(sa.func.array_length(sa.func.string_to_array(listed, ","), 1), 0)
+
+
 def _token_mismatch(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
-    num_tokens = sa.func.json_array_length(run_events.c.payload["token_ids"])
     streamed = (
-        sa.select(run_events.c.run_id, sa.func.sum(num_tokens).label("num_tokens"))
+        sa.select(
+            run_events.c.run_id,
+            sa.func.sum(_num_tokens(run_events.c.payload)).label("num_tokens"),
+        )
         .where(run_events.c.kind == str(RunState.STREAMING))
         .group_by(run_events.c.run_id)
         .subquery()

@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 import structlog
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.core.eventstore import EventStore
 from services.core.runs import EventStoreError, NewEvent, RunState
@@ -24,6 +25,10 @@ MAX_REJECTIONS = 3
 # Assignments in flight at once: each waits on a lease transaction and a worker RPC.
 MAX_IN_FLIGHT = 8
 REJECTED = "REJECTED"
+# After a dispatch fails on the database, none is tried for a while, doubling each time:
+# a database that is away is not asked again at once for every queued run.
+MIN_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
 
 
 class Dispatcher:
@@ -46,12 +51,15 @@ class Dispatcher:
         self.on_no_room = on_no_room
         # run_id -> how often workers refused it outright
         self.rejections: dict[str, int] = {}
+        self.backoff = 0.0  # seconds; 0 while dispatches succeed
+        self._paused_until = 0.0  # loop time
 
     async def run(self) -> None:
         """Dispatches until cancelled, several runs at once; sleeps while nothing fits."""
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while True:
+                await self._wait_out_backoff()
                 self.state.wake.clear()
                 while len(in_flight) < MAX_IN_FLIGHT and (claim := self._claim()) is not None:
                     task = asyncio.create_task(self._dispatch_logged(*claim))
@@ -81,11 +89,26 @@ class Dispatcher:
         self.state.registry.reserve(worker.worker_id, run.num_kv_blocks)
         return run, worker
 
+    async def _wait_out_backoff(self) -> None:
+        delay = self._paused_until - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     async def _dispatch_logged(self, run: QueuedRun, worker: Worker) -> None:
         try:
             await self.dispatch(run, worker)
-        except Exception:  # database trouble: the run went back, try again later
-            log.exception("dispatch failed", run_id=run.run_id)
+        except (OperationalError, InterfaceError) as error:  # the run went back
+            self._back_off()
+            log.warning("database away; dispatch paused", error=repr(error), pause_s=self.backoff)
+        except Exception:
+            self._back_off()
+            log.exception("dispatch failed", run_id=run.run_id, pause_s=self.backoff)
+        else:
+            self.backoff = 0.0
+
+    def _back_off(self) -> None:
+        self.backoff = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, 2 * self.backoff))
+        self._paused_until = asyncio.get_running_loop().time() + self.backoff
 
     async def dispatch_one(self) -> bool:
         """Hands one run to a worker; False when no queued run fits any worker now."""

@@ -28,8 +28,17 @@ async def test_healthy_runs_break_nothing(
     db: Database, store: EventStore, prices: PriceTable
 ) -> None:
     tenant, _ = await create_tenant(db)
-    await billed(store, db, prices, tenant)
+    run_id = await billed(store, db, prices, tenant)
     await queued_run(store, tenant)  # young: not stuck
+    async with db.begin() as conn:
+        # A model may stream a NUL, which PostgreSQL's JSON operators refuse to read.
+        await conn.execute(
+            sa.text(
+                "UPDATE run_events SET payload = CAST(:payload AS json)"
+                " WHERE run_id = :run_id AND kind = 'streaming'"
+            ),
+            {"run_id": run_id, "payload": '{"token_ids": [0, 1, 2, 3, 4], "text": "a\\u0000"}'},
+        )
     result = await report(db)
     assert result.ok and result.broken() == {}
 

@@ -5,7 +5,7 @@ import time
 
 import grpc
 
-from services.core.db import Database
+from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.core.runs import NewEvent, RunState
 from services.scheduler.dispatcher import Dispatcher
@@ -13,6 +13,7 @@ from services.scheduler.repository import SchedulerRepository
 from services.scheduler.state import SchedulerState
 from services.scheduler.worker_client import AssignOutcome, AssignResult
 from services.scheduler.workers import WorkerRegistry, WorkerReport
+from services.stack.infra import free_port
 from tests.services.scheduler.fakes import BLOCK_SIZE
 from tests.services.scheduler.helpers import TRACEPARENT, queue_run, wait_for
 from tollgate.v1 import events_pb2, scheduler_pb2
@@ -205,3 +206,38 @@ async def test_a_no_room_answer_keeps_the_worker_full_until_it_reports_again(
     )
     assert await dispatcher.dispatch_one()
     assert clients.calls == 2
+
+
+class _CountedRepository(SchedulerRepository):
+    num_leases = 0
+
+    async def lease_if_queued(self, run_id: str, owner: str, last_seq: int):  # type: ignore[no-untyped-def]
+        self.num_leases += 1
+        return await super().lease_if_queued(run_id, owner, last_seq)
+
+
+async def test_while_the_database_is_away_the_dispatcher_backs_off(
+    store: EventStore, db: Database
+) -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "127.0.0.1:1")
+    registry.observe(
+        "w1", WorkerReport(num_free_blocks=64, model="tiny", num_total_blocks=64), time.monotonic()
+    )
+    state = SchedulerState(registry)
+    [run] = await SchedulerRepository(db, BLOCK_SIZE).load_queued([await queue_run(store)])
+    state.enqueue(run)
+    away = open_db(f"postgresql://postgres@127.0.0.1:{free_port()}/gone", pool_size=1)
+    repository = _CountedRepository(away, BLOCK_SIZE)
+    dispatcher = Dispatcher(state, store, repository, _NoRoom())  # type: ignore[arg-type]
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await away.dispose()
+    # 0.1 + 0.2 + 0.4 + 0.8 s of pauses, not a lease attempt per turn of the loop.
+    assert 2 <= repository.num_leases <= 6
+    assert dispatcher.backoff >= 0.4
+    assert run.run_id in state.queued
