@@ -74,8 +74,23 @@ def is_installed(command: OperatorCommand) -> bool:
     return importlib.util.find_spec(command.module.partition(".")[0]) is not None
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Counts each subcommand's name at the indent it is shown at, which argparse leaves
+    out, so that a name longer than eight letters keeps its help on its own line."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.help is argparse.SUPPRESS:
+            return
+        for subaction in self._iter_indented_subactions(action):
+            length = len(self._format_action_invocation(subaction)) + self._current_indent
+            self._action_max_length = max(self._action_max_length, length)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tollgate", description="Tollgate LLM serving gateway")
+    parser = argparse.ArgumentParser(
+        prog="tollgate", description="Tollgate LLM serving gateway", formatter_class=_HelpFormatter
+    )
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_CommandParser
     )

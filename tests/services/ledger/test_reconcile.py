@@ -3,6 +3,7 @@ the report names the run that breaks it, and only that invariant."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from services.core.db import Database
@@ -18,6 +19,13 @@ async def billed(store: EventStore, db: Database, prices: PriceTable, tenant_id:
     run_id = await terminal_run(store, tenant_id)
     assert await Sweeper(db, prices, grace=0).bill_one(run_id)
     return run_id
+
+
+@pytest.fixture
+async def billed_run(db: Database, store: EventStore, prices: PriceTable) -> str:
+    """A run billed as the ledger bills it, of a tenant of its own."""
+    tenant, _ = await create_tenant(db)
+    return await billed(store, db, prices, tenant)
 
 
 async def report(db: Database, scope: Scope | None = None) -> InvariantReport:
@@ -44,19 +52,15 @@ async def test_healthy_runs_break_nothing(
 
 
 async def test_a_second_terminal_event_after_billed_is_misended(
-    db: Database, store: EventStore, prices: PriceTable
+    db: Database, billed_run: str
 ) -> None:
-    tenant, _ = await create_tenant(db)
-    run_id = await billed(store, db, prices, tenant)
+    run_id = billed_run
     await _add_event(db, run_id, "completed")
     assert (await report(db)).broken() == {"misended": [run_id]}
 
 
-async def test_a_missing_event_is_a_seq_gap(
-    db: Database, store: EventStore, prices: PriceTable
-) -> None:
-    tenant, _ = await create_tenant(db)
-    run_id = await billed(store, db, prices, tenant)
+async def test_a_missing_event_is_a_seq_gap(db: Database, billed_run: str) -> None:
+    run_id = billed_run
     async with db.begin() as conn:
         lost = sa.and_(run_events.c.run_id == run_id, run_events.c.seq == 2)
         await conn.execute(sa.delete(outbox).where(outbox.c.run_id == run_id, outbox.c.seq == 2))
@@ -65,10 +69,9 @@ async def test_a_missing_event_is_a_seq_gap(
 
 
 async def test_two_entries_for_one_key_and_billing_type_are_double_billed(
-    db: Database, store: EventStore, prices: PriceTable
+    db: Database, billed_run: str
 ) -> None:
-    tenant, _ = await create_tenant(db)
-    run_id = await billed(store, db, prices, tenant)
+    run_id = billed_run
     async with db.begin() as conn:
         # Only a database without its constraint can hold this; the report still sees it.
         await conn.execute(
@@ -89,10 +92,9 @@ async def test_two_entries_for_one_key_and_billing_type_are_double_billed(
 
 
 async def test_billed_output_tokens_other_than_the_streamed_ones_are_a_token_mismatch(
-    db: Database, store: EventStore, prices: PriceTable
+    db: Database, billed_run: str
 ) -> None:
-    tenant, _ = await create_tenant(db)
-    run_id = await billed(store, db, prices, tenant)
+    run_id = billed_run
     async with db.begin() as conn:
         await conn.execute(
             ledger_entries.update()

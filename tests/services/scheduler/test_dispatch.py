@@ -208,6 +208,14 @@ async def test_a_no_room_answer_keeps_the_worker_full_until_it_reports_again(
     assert clients.calls == 2
 
 
+def _one_worker(num_free_blocks: int) -> WorkerRegistry:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "127.0.0.1:1")
+    report = WorkerReport(num_free_blocks=num_free_blocks, model="tiny", num_total_blocks=64)
+    registry.observe("w1", report, time.monotonic())
+    return registry
+
+
 class _CountedRepository(SchedulerRepository):
     num_leases = 0
 
@@ -219,12 +227,7 @@ class _CountedRepository(SchedulerRepository):
 async def test_while_the_database_is_away_the_dispatcher_backs_off(
     store: EventStore, db: Database
 ) -> None:
-    registry = WorkerRegistry()
-    registry.add_static("w1", "127.0.0.1:1")
-    registry.observe(
-        "w1", WorkerReport(num_free_blocks=64, model="tiny", num_total_blocks=64), time.monotonic()
-    )
-    state = SchedulerState(registry)
+    state = SchedulerState(_one_worker(num_free_blocks=64))
     [run] = await SchedulerRepository(db, BLOCK_SIZE).load_queued([await queue_run(store)])
     state.enqueue(run)
     away = open_db(f"postgresql://postgres@127.0.0.1:{free_port()}/gone", pool_size=1)
