@@ -219,9 +219,9 @@ def _one_worker(num_free_blocks: int) -> WorkerRegistry:
 class _CountedRepository(SchedulerRepository):
     num_leases = 0
 
-    async def lease_if_queued(self, run_id: str, owner: str, last_seq: int):  # type: ignore[no-untyped-def]
+    async def lease_if_queued(self, run_id: str, owner: str, last_seq: int, lease_epoch: int):  # type: ignore[no-untyped-def]
         self.num_leases += 1
-        return await super().lease_if_queued(run_id, owner, last_seq)
+        return await super().lease_if_queued(run_id, owner, last_seq, lease_epoch)
 
 
 async def test_while_the_database_is_away_the_dispatcher_backs_off(
