@@ -3,6 +3,7 @@ use: the official `openai` SDK, `curl -N`, and a bare socket."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -15,9 +16,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import openai
+import psutil
 import pytest
 
 from tests.e2e.conftest import Stack
+from tests.services.worker.running import engine_of
 
 CHAT = [{"role": "user", "content": "Say something."}]
 
@@ -208,12 +211,30 @@ def _read_until_chunks(
     return headers, events
 
 
+@contextlib.contextmanager
+def engine_suspended(stack: Stack) -> Iterator[None]:
+    """The worker's engine stopped (SIGSTOP), so that its runs stay where they are."""
+    port = int(stack.worker.rpartition(":")[2])
+    [worker] = {
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    }
+    engine = engine_of(psutil.Process(worker))
+    assert engine is not None
+    engine.suspend()
+    try:
+        yield
+    finally:
+        engine.resume()
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_closed_connection_cancels_the_run_after_the_grace(stack: Stack, stream: bool) -> None:
     key = stack.tenant_key("http-hangup")  # a tenant of its own: its one run is this one
     body = {"model": "tiny", "prompt": "Go", "max_tokens": 2000, "stream": stream}
     host, port = urlsplit(stack.http).netloc.split(":")
-    with socket.create_connection((host, int(port))) as conn:
+    with engine_suspended(stack), socket.create_connection((host, int(port))) as conn:
         payload = json.dumps({**body, "ignore_eos": True}).encode()
         conn.sendall(
             b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -222,20 +243,20 @@ def test_a_closed_connection_cancels_the_run_after_the_grace(stack: Stack, strea
             + payload
         )
         if stream:
-            conn.recv(65536)  # the headers: the run streams
-    with stack.client(key) as client:
-        deadline = time.monotonic() + 30
-        while not (runs := client.list_runs().runs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        run_id = runs[0].run_id
-        # Reading the events attaches to the run as a resumed stream would: wait till it ended.
-        while client.get_run(run_id).state in ("queued", "prefill", "streaming"):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+            conn.recv(65536)  # the headers: the run is admitted
+        conn.close()
+        with stack.client(key) as client:
+            deadline = time.monotonic() + 60
+            while not (runs := client.list_runs().runs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            run_id = runs[0].run_id
+            # Reading the events attaches as a resumed stream would: wait till it ended.
+            while client.get_run(run_id).state in ("queued", "prefill", "streaming"):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
     status, _, data = request(stack, key, "GET", f"/v1/runs/{run_id}/events")
     ended = [json.loads(e["data"]) for e in sse_events(data.decode())][-2]
     assert status == 200 and ended["cancelled"]["reason"] == "client disconnected"
-    assert ended["cancelled"].get("usage", {}).get("output_tokens", 0) < 2000
 
 
 def test_runs_are_read_and_cancelled_over_http(stack: Stack, key: str) -> None:
