@@ -7,6 +7,10 @@ takes events from the notices while each is the next seq; anything else (a
 notice without its events, a gap, a reconnected listener, or silence for a
 while) sends it back to the store, which is the truth. A lost notice costs
 latency, never an event.
+
+Each stream's queue of notices is bounded: a stream that falls behind (its client
+reads slowly, or its run streams fast) has what it holds replaced by "read the
+store", so memory stays bounded and the store hands it everything it missed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 # What a stream is handed: events from a notice, or None for "read the store".
 Notice = list[StoredEvent] | None
+MAX_PENDING_NOTICES = 64
 
 # A listening connection that went half-open would otherwise wait forever, and
 # the streams would fall back to polling: TCP keepalives find it within a minute.
@@ -42,9 +47,16 @@ KEEPALIVES = {
 class RunFeed:
     """Hands each committed append's events to the subscribers of its run."""
 
-    def __init__(self, database_url: str, *, retry_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        retry_interval: float = 1.0,
+        max_pending: int = MAX_PENDING_NOTICES,
+    ) -> None:
         self.conninfo = make_conninfo(libpq_url(database_url), **KEEPALIVES)
         self.retry_interval = retry_interval
+        self.max_pending = max_pending
         self._subscribers: defaultdict[str, set[asyncio.Queue[Notice]]] = defaultdict(set)
         self.listening = asyncio.Event()
 
@@ -76,16 +88,16 @@ class RunFeed:
             log.warning("unreadable event notice", run_id=run_id, error=repr(error))
             events = None
         for queue in queues:
-            queue.put_nowait(events)
+            _offer(queue, events)
 
     def _send_all(self, notice: Notice) -> None:
         for queues in self._subscribers.values():
             for queue in queues:
-                queue.put_nowait(notice)
+                _offer(queue, notice)
 
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[asyncio.Queue[Notice]]:
-        queue: asyncio.Queue[Notice] = asyncio.Queue()
+        queue: asyncio.Queue[Notice] = asyncio.Queue(self.max_pending)
         self._subscribers[run_id].add(queue)
         try:
             yield queue
@@ -93,6 +105,17 @@ class RunFeed:
             self._subscribers[run_id].discard(queue)
             if not self._subscribers[run_id]:
                 del self._subscribers[run_id]
+
+
+def _offer(queue: asyncio.Queue[Notice], notice: Notice) -> None:
+    """Queues `notice`; a full queue is emptied for one None instead, which sends its
+    stream to the store for everything the dropped notices held."""
+    try:
+        queue.put_nowait(notice)
+    except asyncio.QueueFull:
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)
 
 
 async def stream_events(

@@ -180,3 +180,43 @@ async def test_a_stream_of_an_ended_run_stops_at_its_last_event(
     assert [e.seq async for e in events] == []
     stored = await store.read(run_id)
     assert stored[-1].kind == RunState.BILLED and stored[-1].seq == 5
+
+
+async def test_a_subscriber_that_falls_behind_holds_a_bounded_queue(
+    store: EventStore, database_url: str
+) -> None:
+    feed = RunFeed(database_url, max_pending=3)
+    run_id = await start_run(store)
+    async with listening(feed):
+        with feed.subscribe(run_id) as behind, feed.subscribe(run_id) as keeping_up:
+            reader = asyncio.create_task(read_until(keeping_up, 11))
+            await store.append(run_id, 1, [NewEvent(RunState.PREFILL)])
+            for seq in range(2, 11):
+                await store.append(run_id, seq, [streaming(seq)])
+            # Both queues are handed each notice at once: once the reader has seen the
+            # last, the one nobody reads has been offered all ten.
+            await asyncio.wait_for(reader, 10)
+            pending = [behind.get_nowait() for _ in range(behind.qsize())]
+    assert len(pending) <= 3
+    assert None in pending  # "read the store", in place of what was dropped
+
+
+async def test_a_slow_stream_still_gets_every_event_in_order(
+    store: EventStore, database_url: str
+) -> None:
+    feed = RunFeed(database_url, max_pending=2)
+    run_id = await start_run(store)
+    async with listening(feed):
+        events = stream_events(store, feed, run_id, 0, UNTIL_BILLED, poll_interval=NO_POLLING)
+        assert (await anext(events)).seq == 1
+        await finish_run(store, run_id, list(range(30)), ["t"] * 30)  # read nothing meanwhile
+        await asyncio.sleep(0.5)
+        rest = [event.seq async for event in events]
+    assert rest == list(range(2, 30 + 5))  # prefill, 30 streaming, completed, billed
+
+
+async def read_until(notices: asyncio.Queue[list[StoredEvent] | None], seq: int) -> None:
+    seen = 0
+    while seen < seq:
+        notice = await notices.get()
+        seen = notice[-1].seq if notice else seen
