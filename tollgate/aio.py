@@ -322,13 +322,20 @@ class AsyncAdminClient(_AsyncBase):
         return convert.api_key_of(await self._unary(self._admin.RevokeApiKey, request))
 
     async def set_quota(
-        self, tenant_id: str, *, max_kv_blocks: int = 0, max_concurrent_runs: int = 0
+        self,
+        tenant_id: str,
+        *,
+        max_kv_blocks: int = 0,
+        max_concurrent_runs: int = 0,
+        max_concurrent_streams: int | None = None,
     ) -> Quota:
-        """Replaces the tenant's limits; 0 means unlimited."""
+        """Replaces the tenant's limits; 0 means unlimited, `max_concurrent_streams` None
+        the admission's default."""
         quota = admin_pb2.Quota(
             tenant_id=tenant_id,
             max_kv_blocks=max_kv_blocks,
             max_concurrent_runs=max_concurrent_runs,
+            max_concurrent_streams=max_concurrent_streams,
         )
         response = await self._unary(self._admin.SetQuota, admin_pb2.SetQuotaRequest(quota=quota))
         return convert.quota_of(response)

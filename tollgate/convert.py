@@ -155,6 +155,9 @@ def quota_of(message: admin_pb2.Quota) -> Quota:
         tenant_id=message.tenant_id,
         max_kv_blocks=message.max_kv_blocks,
         max_concurrent_runs=message.max_concurrent_runs,
+        max_concurrent_streams=message.max_concurrent_streams
+        if message.HasField("max_concurrent_streams")
+        else None,
     )
 
 

@@ -151,11 +151,13 @@ class Reconciliation:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """A tenant's limits; 0 means unlimited."""
+    """A tenant's limits; 0 means unlimited, `max_concurrent_streams` None the admission's
+    default (streams open at once per admission replica)."""
 
     tenant_id: str
     max_kv_blocks: int = 0
     max_concurrent_runs: int = 0
+    max_concurrent_streams: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ from services.admission.requests import Limits
 from services.admission.scheduler_client import QueueDepth, SchedulerClient
 from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
+from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
+from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.config import CommonSettings, env_float, env_int, env_map, env_str
 from services.core.db import open_db
 from services.core.eventstore import EventStore
@@ -43,6 +45,7 @@ class AdmissionSettings:
     scheduler_address: str
     http_listen: str
     config: GatewayConfig
+    default_max_concurrent_runs: int
 
     @classmethod
     def from_env(cls) -> AdmissionSettings:
@@ -61,6 +64,13 @@ class AdmissionSettings:
                 limits=limits,
                 block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
                 max_queue_depth=env_int("TOLLGATE_MAX_QUEUE_DEPTH", 10_000),
+                tenant_queue_share=env_float("TOLLGATE_TENANT_QUEUE_SHARE", 0.5),
+                max_concurrent_streams=env_int(
+                    "TOLLGATE_MAX_CONCURRENT_STREAMS", DEFAULT_MAX_CONCURRENT_STREAMS
+                ),
+            ),
+            default_max_concurrent_runs=env_int(
+                "TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS", DEFAULT_MAX_CONCURRENT_RUNS
             ),
         )
 
@@ -98,7 +108,7 @@ async def main(settings: AdmissionSettings) -> None:
     def add_servicers(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(db, settings.admin_token), server
+            AdminServicer(db, settings.admin_token, settings.default_max_concurrent_runs), server
         )
 
     server, port, health = create_server(settings.common.listen, add_servicers)

@@ -13,6 +13,7 @@ from prometheus_client import Counter as MetricCounter
 
 from services.admission.admit import Admission, Admitted, admit, find_by_idempotency_key
 from services.admission.attachments import Attachments
+from services.admission.backpressure import QueueBounds, overload_refusal
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.requests import (
@@ -26,10 +27,17 @@ from services.admission.requests import (
 )
 from services.admission.scheduler_client import QueueDepth
 from services.admission.stream import RunFeed, stream_events
+from services.admission.stream_limits import (
+    DEFAULT_MAX_CONCURRENT_STREAMS,
+    StreamCounts,
+    StreamLimits,
+)
+from services.admission.tenants import TenantRepository
 from services.core.codec import encoded_size
 from services.core.db import Database
-from services.core.errors import IdempotencyKeyReused, Unavailable
+from services.core.errors import IdempotencyKeyReused
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
+from services.core.ratelimit import FailedAttempts
 from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
 from services.core.telemetry import current_traceparent, get_tracer
 
@@ -53,6 +61,17 @@ class GatewayConfig:
     limits: Limits
     block_size: int = 16
     max_queue_depth: int = 10_000
+    # The fraction of `max_queue_depth` one tenant may hold queued, and its floor in runs.
+    tenant_queue_share: float = 0.5
+    min_tenant_queue_share: int = 100
+    # For tenants whose quota does not set `max_concurrent_streams`; 0 = unlimited.
+    max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
+
+    @property
+    def queue_bounds(self) -> QueueBounds:
+        return QueueBounds(
+            self.max_queue_depth, self.tenant_queue_share, self.min_tenant_queue_share
+        )
 
 
 class Gateway:
@@ -78,18 +97,28 @@ class Gateway:
         self.queue_depth = queue_depth
         self.on_queued = on_queued
         self.attachments = attachments or Attachments(db)
+        self.streams = StreamCounts()
+        self.stream_limits = StreamLimits(TenantRepository(db), config.max_concurrent_streams)
+        # Failed authentications per peer, on both fronts.
+        self.auth_failures = FailedAttempts()
 
     async def start(self, tenant_id: str, params: GenerateParams) -> Started:
         """Admits a new run, or finds the run this idempotency key already names; with the
         `queued` event when this call stored it (to `follow`)."""
         validate(params, self.catalog.names(), self.config.limits)
+        # Refused before a run exists whose stream would be refused.
+        self.streams.check(tenant_id, await self.stream_limits.get(tenant_id))
         # A key seen before is found when admitting conflicts on it: new keys, the common
         # case, cost no extra query.
-        if self.queue_depth is not None and self.queue_depth.value > self.config.max_queue_depth:
-            existing = await self._existing(tenant_id, params)
-            if existing is not None:
-                return Started(self._same_request(existing, params))
-            raise Unavailable("the queue is full; retry later", retry_after=1.0)
+        if self.queue_depth is not None:
+            refused = await overload_refusal(
+                self.db, self.config.queue_bounds, self.queue_depth.value, tenant_id
+            )
+            if refused is not None:
+                existing = await self._existing(tenant_id, params)
+                if existing is not None:
+                    return Started(self._same_request(existing, params))
+                raise refused
         admission = await self._prepare(tenant_id, params)
         prompt_token_ids = admission.prompt_token_ids
         with get_tracer().start_as_current_span("tollgate.admission.admit") as span:
@@ -162,19 +191,39 @@ class Gateway:
 
     async def follow(
         self,
+        tenant_id: str,
         run_id: str,
         after_seq: int,
         until_terminal: bool,
         known: Sequence[StoredEvent] = (),
     ) -> AsyncIterator[StoredEvent]:
         """The run's events after `after_seq`, starting with `known` (the events right
-        after it that the caller holds); while it lasts, the run counts as attached."""
+        after it that the caller holds); while it lasts, the run counts as attached and
+        as one of the tenant's streams.
+
+        Raises QuotaExceeded (STREAMS_LIMITED) here, before any event, when the tenant
+        holds as many streams as it may: a front can still answer with an error status."""
+        limit = await self.stream_limits.get(tenant_id)
+        self.streams.check(tenant_id, limit)
+        return self._follow(tenant_id, limit, run_id, after_seq, until_terminal, known)
+
+    async def _follow(
+        self,
+        tenant_id: str,
+        limit: int,
+        run_id: str,
+        after_seq: int,
+        until_terminal: bool,
+        known: Sequence[StoredEvent],
+    ) -> AsyncIterator[StoredEvent]:
         stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
-        async with self.attachments.attached(run_id):
-            async for event in stream_events(
-                self.store, self.feed, run_id, after_seq, stop_kinds, known=known
-            ):
-                yield event
+        # Counted only once iterated: a stream its front never starts holds nothing.
+        with self.streams.held(tenant_id, limit):
+            async with self.attachments.attached(run_id):
+                async for event in stream_events(
+                    self.store, self.feed, run_id, after_seq, stop_kinds, known=known
+                ):
+                    yield event
 
     async def _cancel_abandoned(self, run_id: str) -> None:
         run = await self.store.get_run(run_id)

@@ -156,13 +156,19 @@ class HttpApi:
         tenant_id = await self._tenant(request)
         after = _resume_point(last_event_id, starting_after)
         run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
-        events = self.gateway.follow(run.run_id, after, until_terminal=False)
+        events = await self.gateway.follow(tenant_id, run.run_id, after, until_terminal=False)
         frames = (sse_frame(event_json(e), e.seq) async for e in events)
         return _sse(frames, run.run_id)
 
     async def _tenant(self, request: Request) -> str:
         header = request.headers.get("authorization", "")
-        principal = await authenticate(self.gateway.db, [("authorization", header)])
+        peer = request.client.host if request.client is not None else ""
+        principal = await authenticate(
+            self.gateway.db,
+            [("authorization", header)],
+            peer=peer,
+            failures=self.gateway.auth_failures,
+        )
         assert principal.tenant_id is not None
         return principal.tenant_id
 
@@ -178,7 +184,7 @@ class HttpApi:
         completion = Completion(
             bool(params.messages), started.run_id, params.model, include_usage=include_usage
         )
-        events = self.gateway.follow(started.run_id, 0, True, known=started.stored)
+        events = await self.gateway.follow(tenant_id, started.run_id, 0, True, known=started.stored)
         if stream:
             return _sse(_completion_frames(events, completion), started.run_id)
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):

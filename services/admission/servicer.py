@@ -12,7 +12,12 @@ from google.protobuf import json_format
 from services.admission.gateway import Gateway
 from services.admission.requests import PRIORITIES, GenerateParams, Limits, Sampling
 from services.admission.runs_query import get_tenant_run, list_runs
-from services.admission.tenants import KeyRecord, TenantRecord, TenantRepository
+from services.admission.tenants import (
+    DEFAULT_MAX_CONCURRENT_RUNS,
+    KeyRecord,
+    TenantRecord,
+    TenantRepository,
+)
 from services.core.auth import authenticate, bearer_token, is_admin_token
 from services.core.codec import PROTO_STATES, to_proto
 from services.core.db import Database
@@ -31,7 +36,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.gateway = gateway
 
     async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
-        principal = await authenticate(self.gateway.db, context.invocation_metadata())
+        principal = await authenticate(
+            self.gateway.db,
+            context.invocation_metadata(),
+            peer=context.peer(),
+            failures=self.gateway.auth_failures,
+        )
         assert principal.tenant_id is not None
         return principal.tenant_id
 
@@ -55,9 +65,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 span.set_attribute("gen_ai.request.top_k", params.sampling.top_k)
             started = await self.gateway.start(tenant_id, params)
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
-            async for event in self.gateway.follow(
-                started.run_id, 0, params.until_terminal, known=started.stored
-            ):
+            events = await self.gateway.follow(
+                tenant_id, started.run_id, 0, params.until_terminal, known=started.stored
+            )
+            async for event in events:
                 yield to_proto(event)
 
     @rpc_errors
@@ -70,9 +81,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             raise InvalidArgument([too_far])
         run = await get_tenant_run(self.gateway.store, tenant_id, request.run_id)
         with bound_log_context(run_id=run.run_id, tenant_id=tenant_id):
-            async for event in self.gateway.follow(
-                run.run_id, request.starting_after, request.until_terminal
-            ):
+            events = await self.gateway.follow(
+                tenant_id, run.run_id, request.starting_after, request.until_terminal
+            )
+            async for event in events:
                 yield to_proto(event)
 
     @rpc_errors
@@ -104,8 +116,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, db: Database, admin_token: str) -> None:
-        self.tenants = TenantRepository(db)
+    def __init__(
+        self,
+        db: Database,
+        admin_token: str,
+        default_max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS,
+    ) -> None:
+        self.tenants = TenantRepository(db, default_max_concurrent_runs)
         self.admin_token = admin_token
 
     def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
@@ -170,13 +187,14 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         quota = request.quota
         violations = [
             FieldViolation(f"quota.{name}", "must not be negative")
-            for name in ("max_kv_blocks", "max_concurrent_runs")
+            for name in ("max_kv_blocks", "max_concurrent_runs", "max_concurrent_streams")
             if getattr(quota, name) < 0
         ]
         if violations:
             raise InvalidArgument(violations)
+        streams = quota.max_concurrent_streams if quota.HasField("max_concurrent_streams") else None
         tenant = await self.tenants.set_quota(
-            quota.tenant_id, quota.max_kv_blocks, quota.max_concurrent_runs
+            quota.tenant_id, quota.max_kv_blocks, quota.max_concurrent_runs, streams
         )
         return tenant_to_proto(tenant).quota
 
@@ -248,6 +266,7 @@ def tenant_to_proto(tenant: TenantRecord) -> admin_pb2.Tenant:
             tenant_id=tenant.tenant_id,
             max_kv_blocks=tenant.max_kv_blocks,
             max_concurrent_runs=tenant.max_concurrent_runs,
+            max_concurrent_streams=tenant.max_concurrent_streams,
         ),
     )
 

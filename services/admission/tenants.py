@@ -1,4 +1,10 @@
-"""Tenants, API keys and quotas in PostgreSQL."""
+"""Tenants, API keys and quotas in PostgreSQL.
+
+A tenant made here is born with a finite `max_concurrent_runs`
+(`default_max_concurrent_runs`, TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS in admission), so a
+key that leaks before anyone sets a quota cannot fill the queue alone; SetQuota with 0
+lifts it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ from services.core.errors import FailedPrecondition, NotFound
 from services.core.schema import api_keys, tenants
 from services.core.validation import is_identifier, shown
 
+DEFAULT_MAX_CONCURRENT_RUNS = 64
+
 
 @dataclass(frozen=True, slots=True)
 class TenantRecord:
@@ -24,6 +32,7 @@ class TenantRecord:
     weight: int
     max_kv_blocks: int
     max_concurrent_runs: int
+    max_concurrent_streams: int | None = None  # None: admission's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +44,12 @@ class KeyRecord:
 
 
 class TenantRepository:
-    def __init__(self, db: Database) -> None:
+    def __init__(
+        self, db: Database, default_max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS
+    ) -> None:
+        """`default_max_concurrent_runs` is the limit new tenants start with; 0 = none."""
         self.db = db
+        self.default_max_concurrent_runs = default_max_concurrent_runs
 
     async def create(self, name: str, weight: int) -> TenantRecord:
         tenant_id = f"ten_{secrets.token_hex(8)}"
@@ -47,6 +60,7 @@ class TenantRepository:
                         tenant_id=tenant_id,
                         name=name,
                         weight=weight,
+                        max_concurrent_runs=self.default_max_concurrent_runs,
                         created_at=sa.func.clock_timestamp(),
                     )
                 )
@@ -77,14 +91,23 @@ class TenantRepository:
         return [_tenant(row._mapping) for row in rows]
 
     async def set_quota(
-        self, tenant_id: str, max_kv_blocks: int, max_concurrent_runs: int
+        self,
+        tenant_id: str,
+        max_kv_blocks: int,
+        max_concurrent_runs: int,
+        max_concurrent_streams: int | None = None,
     ) -> TenantRecord:
+        """Replaces the tenant's limits; `max_concurrent_streams` None is the default."""
         _require_id("tenant", tenant_id)
         async with self.db.begin() as conn:
             updated = await conn.execute(
                 tenants.update()
                 .where(tenants.c.tenant_id == tenant_id)
-                .values(max_kv_blocks=max_kv_blocks, max_concurrent_runs=max_concurrent_runs)
+                .values(
+                    max_kv_blocks=max_kv_blocks,
+                    max_concurrent_runs=max_concurrent_runs,
+                    max_concurrent_streams=max_concurrent_streams,
+                )
             )
         if updated.rowcount == 0:
             raise NotFound(f"tenant {tenant_id} does not exist")
@@ -137,4 +160,5 @@ def _tenant(row: Mapping[Any, Any]) -> TenantRecord:
         weight=row["weight"],
         max_kv_blocks=row["max_kv_blocks"],
         max_concurrent_runs=row["max_concurrent_runs"],
+        max_concurrent_streams=row["max_concurrent_streams"],
     )

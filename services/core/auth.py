@@ -3,21 +3,29 @@
 A key reads `tg_<key_id>_<secret>`; only SHA-256 of the secret is stored.  The
 secrets are 256-bit random values, so a fast hash is enough: there is nothing
 to brute-force that a slow hash would protect.
+
+Failing is cheap: a key not of the shape `new_key` makes is refused without a query,
+and a peer that fails too often is refused for a while before its keys are looked up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.core.db import Database, driver_cursor, single_statement
-from services.core.errors import Unauthenticated
+from services.core.errors import QuotaExceeded, Unauthenticated
+from services.core.ratelimit import FailedAttempts, peer_host
 
 KEY_PREFIX = "tg_"
 KEY_ID_LENGTH = 16
+# What new_key makes: key ids of token_hex, secrets of token_urlsafe (43 characters).
+KEY_ID = re.compile(f"[0-9a-f]{{{KEY_ID_LENGTH}}}")
+SECRET = re.compile("[A-Za-z0-9_-]{16,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +54,12 @@ def hash_secret(secret: str) -> str:
 
 
 def split_key(key: str) -> tuple[str, str] | None:
-    """(key_id, secret) of a well-formed key, else None."""
+    """(key_id, secret) of a key of the shape `new_key` makes, else None."""
     if not key.startswith(KEY_PREFIX) or len(key) < len(KEY_PREFIX) + KEY_ID_LENGTH + 2:
         return None
     body = key[len(KEY_PREFIX) :]
     key_id, sep, secret = body[:KEY_ID_LENGTH], body[KEY_ID_LENGTH], body[KEY_ID_LENGTH + 1 :]
-    if sep != "_" or not secret:
+    if sep != "_" or not KEY_ID.fullmatch(key_id) or not SECRET.fullmatch(secret):
         return None
     return key_id, secret
 
@@ -80,8 +88,36 @@ async def authenticate(
     *,
     admin_token: str = "",
     allow_admin: bool = False,
+    peer: str = "",
+    failures: FailedAttempts | None = None,
 ) -> Principal:
-    """The caller behind `authorization: Bearer ...`; raises Unauthenticated."""
+    """The caller behind `authorization: Bearer ...`; raises Unauthenticated.
+
+    With `failures`, each failure counts against `peer`, and a peer past its rate of
+    failures is refused (QuotaExceeded, RATE_LIMITED) before its key is looked up."""
+    if failures is None:
+        return await _authenticate(db, metadata, admin_token, allow_admin)
+    wait = failures.retry_after(peer)
+    if wait:
+        raise QuotaExceeded(
+            "too many failed authentications from this address; retry later",
+            subject=f"peer:{peer_host(peer)}:failed_authentications",
+            retry_after=wait,
+            reason="RATE_LIMITED",
+        )
+    try:
+        return await _authenticate(db, metadata, admin_token, allow_admin)
+    except Unauthenticated:
+        failures.failed(peer)
+        raise
+
+
+async def _authenticate(
+    db: Database,
+    metadata: Sequence[tuple[str, str | bytes]] | None,
+    admin_token: str,
+    allow_admin: bool,
+) -> Principal:
     token = bearer_token(metadata)
     if token is None:
         raise Unauthenticated("missing authorization: Bearer <api key>")

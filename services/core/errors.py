@@ -109,21 +109,31 @@ class NotFound(ApiError):
 
 
 class QuotaExceeded(ApiError):
+    """A tenant limit; `reason` is the ErrorInfo reason that names which (`STREAMS_LIMITED`)."""
+
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, message: str, subject: str, retry_after: float) -> None:
+    def __init__(self, message: str, subject: str, retry_after: float, reason: str = "") -> None:
         super().__init__(message)
         self.subject = subject
         self.retry_after = retry_after
+        self.reason = reason
 
     def details(self) -> list[Any]:
         violation = error_details_pb2.QuotaFailure.Violation(
             subject=self.subject, description=self.message
         )
-        return [
+        details: list[Any] = [
             error_details_pb2.QuotaFailure(violations=[violation]),
             _retry_info(self.retry_after),
         ]
+        if self.reason:
+            details.append(
+                error_details_pb2.ErrorInfo(
+                    reason=self.reason, domain=ERROR_DOMAIN, metadata={"subject": self.subject}
+                )
+            )
+        return details
 
 
 class ResourceExhausted(ApiError):

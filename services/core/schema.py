@@ -65,6 +65,7 @@ tenants = sa.Table(
     sa.Column("weight", sa.Integer, nullable=False),
     sa.Column("max_kv_blocks", sa.BigInteger, nullable=False),
     sa.Column("max_concurrent_runs", sa.Integer, nullable=False),
+    sa.Column("max_concurrent_streams", sa.Integer),  # NULL: admission's default
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 

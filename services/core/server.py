@@ -6,6 +6,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -14,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from services.core import loop
-from services.core.config import ConfigError
+from services.core.config import ConfigError, env_int
 from services.core.telemetry import configure_logging, configure_tracing
 
 log = structlog.get_logger(__name__)
@@ -51,15 +52,56 @@ def announce(address: str, endpoints: Mapping[str, str] | None = None) -> None:
     print(f"READY {address}{extra}", flush=True)
 
 
-def create_server(
-    listen: str, add_servicers: Callable[[grpc.aio.Server], None]
-) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """A grpc.aio server with the standard health service; returns it with its port."""
-    server = grpc.aio.server(
-        options=[
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """What one server takes from its clients, whoever they are.
+
+    Calls past `max_concurrent_rpcs` are refused by gRPC itself (RESOURCE_EXHAUSTED)
+    before any servicer runs. Keepalive pings find a client gone without a word (its
+    streams then end and release what they hold); idle connections are closed; every
+    connection is closed after `max_connection_age_ms` (its streams get the grace to
+    finish, then resume elsewhere), so clients spread over replicas as they come and go.
+    """
+
+    max_concurrent_rpcs: int = 10_000
+    max_receive_message_length: int = 16 * 1024 * 1024
+    keepalive_time_ms: int = 60_000
+    keepalive_timeout_ms: int = 20_000
+    # Client pings more frequent than this, without data, are answered with GOAWAY.
+    min_client_ping_interval_ms: int = 10_000
+    max_connection_idle_ms: int = 5 * 60_000
+    max_connection_age_ms: int = 30 * 60_000
+    max_connection_age_grace_ms: int = 10 * 60_000
+
+    @classmethod
+    def from_env(cls) -> ServerLimits:
+        return cls(max_concurrent_rpcs=env_int("TOLLGATE_MAX_CONCURRENT_RPCS", 10_000))
+
+    def options(self) -> list[tuple[str, int]]:
+        return [
             ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ("grpc.max_receive_message_length", self.max_receive_message_length),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", self.min_client_ping_interval_ms),
+            ("grpc.http2.max_ping_strikes", 2),
+            ("grpc.max_connection_idle_ms", self.max_connection_idle_ms),
+            ("grpc.max_connection_age_ms", self.max_connection_age_ms),
+            ("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms),
         ]
+
+
+def create_server(
+    listen: str,
+    add_servicers: Callable[[grpc.aio.Server], None],
+    limits: ServerLimits | None = None,
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """A grpc.aio server with the standard health service, within `limits` (by default
+    those of the environment); returns it with its port."""
+    limits = limits or ServerLimits.from_env()
+    server = grpc.aio.server(
+        options=limits.options(), maximum_concurrent_rpcs=limits.max_concurrent_rpcs
     )
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.errors import (
     ApiError,
     FailedPrecondition,
@@ -287,7 +288,9 @@ class FakeAdmin(admin_pb2_grpc.AdminServiceServicer):
         tenant_id = f"t-{len(self.tenants) + 1}"
         tenant = admin_pb2.Tenant(
             tenant_id=tenant_id, name=name, weight=request.weight or 1,
-            quota=admin_pb2.Quota(tenant_id=tenant_id),
+            quota=admin_pb2.Quota(
+                tenant_id=tenant_id, max_concurrent_runs=DEFAULT_MAX_CONCURRENT_RUNS
+            ),
         )  # fmt: skip
         self.tenants[tenant_id] = tenant
         return tenant
@@ -320,7 +323,7 @@ class FakeAdmin(admin_pb2_grpc.AdminServiceServicer):
     async def SetQuota(self, request: Any, context: Any) -> admin_pb2.Quota:
         self.calls.append(("SetQuota", request, dict(context.invocation_metadata())))
         quota = request.quota
-        for name in ("max_kv_blocks", "max_concurrent_runs"):
+        for name in ("max_kv_blocks", "max_concurrent_runs", "max_concurrent_streams"):
             if getattr(quota, name) < 0:
                 raise _invalid(f"quota.{name}", "must not be negative")
         self._tenant(quota.tenant_id).quota.CopyFrom(quota)

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.db import open_db
 from services.core.eventstore import EventStore
 from services.core.server import create_server
@@ -44,7 +45,10 @@ class AdminContractTests:
         name = unique("acme")
         tenant = await admin.CreateTenant(admin_pb2.CreateTenantRequest(name=name), metadata=ADMIN)
         assert tenant.tenant_id and (tenant.name, tenant.weight) == (name, 1)  # 0: the default
-        assert tenant.quota == admin_pb2.Quota(tenant_id=tenant.tenant_id)
+        # New tenants run a bounded number of runs at once until a quota says otherwise.
+        assert tenant.quota == admin_pb2.Quota(
+            tenant_id=tenant.tenant_id, max_concurrent_runs=DEFAULT_MAX_CONCURRENT_RUNS
+        )
         got = await admin.GetTenant(
             admin_pb2.GetTenantRequest(tenant_id=tenant.tenant_id), metadata=ADMIN
         )

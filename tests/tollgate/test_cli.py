@@ -305,7 +305,8 @@ async def test_admin_commands(
     assert code == 0 and "name:" in out and "acme" in out
     assert fake.admin.calls[0][2]["authorization"] == f"Bearer {ADMIN_TOKEN}"
     code, out, _ = await tollgate(capsys, "admin", "tenants", "list", *args)
-    assert out.splitlines()[1].split() == ["t-1", "acme", "3", "unlimited", "unlimited"]
+    # A new tenant runs DEFAULT_MAX_CONCURRENT_RUNS at once until its quota says otherwise.
+    assert out.splitlines()[1].split() == ["t-1", "acme", "3", "unlimited", "64"]
     code, out, _ = await tollgate(capsys, "admin", "tenants", "get", "t-1", "--json", *args)
     assert json.loads(out)["weight"] == 3
     code, out, err = await tollgate(capsys, "admin", "keys", "create", "t-1", *args)

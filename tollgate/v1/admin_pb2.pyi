@@ -19,14 +19,16 @@ class Tenant(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., weight: _Optional[int] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...
 
 class Quota(_message.Message):
-    __slots__ = ("tenant_id", "max_kv_blocks", "max_concurrent_runs")
+    __slots__ = ("tenant_id", "max_kv_blocks", "max_concurrent_runs", "max_concurrent_streams")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_RUNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_STREAMS_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     max_kv_blocks: int
     max_concurrent_runs: int
-    def __init__(self, tenant_id: _Optional[str] = ..., max_kv_blocks: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ...) -> None: ...
+    max_concurrent_streams: int
+    def __init__(self, tenant_id: _Optional[str] = ..., max_kv_blocks: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_concurrent_streams: _Optional[int] = ...) -> None: ...
 
 class CreateTenantRequest(_message.Message):
     __slots__ = ("name", "weight")

@@ -1,0 +1,227 @@
+"""No tenant starves another: limits on each tenant's streams and share of the queue,
+a finite concurrency for new tenants, and failed authentications that cost little."""
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from services.admission.cancel import Canceller
+from services.admission.catalog import ModelCatalog
+from services.admission.gateway import Gateway, GatewayConfig
+from services.admission.requests import GenerateParams, Limits, Sampling
+from services.admission.scheduler_client import QueueDepth
+from services.admission.stream import RunFeed
+from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
+from services.core.auth import authenticate
+from services.core.db import open_db
+from services.core.errors import DATABASE_AWAY, QuotaExceeded, Unauthenticated, Unavailable
+from services.core.ratelimit import FAILURE_BURST
+from tests.services.admission.calls import count_runs, request
+from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
+from tollgate.v1 import admin_pb2, gateway_pb2
+
+GRACE = duration_pb2.Duration(seconds=60)
+LIMITS = Limits(max_tokens=512, max_message_chars=2000)
+
+
+def details(error: grpc.aio.AioRpcError) -> dict[str, Any]:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    found: dict[str, Any] = {}
+    for kind in (
+        error_details_pb2.QuotaFailure,
+        error_details_pb2.RetryInfo,
+        error_details_pb2.ErrorInfo,
+    ):
+        for packed in status.details:
+            if packed.Is(kind.DESCRIPTOR):
+                found[kind.DESCRIPTOR.name] = message = kind()
+                packed.Unpack(message)
+    return found
+
+
+async def set_stream_quota(admission: Admission, tenant_id: str, streams: int) -> admin_pb2.Quota:
+    quota = admin_pb2.Quota(tenant_id=tenant_id, max_concurrent_streams=streams)
+    return await admission.admin.SetQuota(
+        admin_pb2.SetQuotaRequest(quota=quota), metadata=auth(ADMIN_TOKEN)
+    )
+
+
+async def test_streams_past_the_tenants_quota_are_refused(admission: Admission) -> None:
+    tenant_id, key = await admission.new_tenant_key("streamer")
+    assert (await set_stream_quota(admission, tenant_id, 2)).max_concurrent_streams == 2
+    generate = admission.gateway.Generate(request(disconnect_grace=GRACE), metadata=auth(key))
+    queued = await generate.read()
+    again = gateway_pb2.StreamRunRequest(run_id=queued.run_id)
+    held = admission.gateway.StreamRun(again, metadata=auth(key))
+    await held.read()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await admission.gateway.StreamRun(again, metadata=auth(key)).read()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    found = details(caught.value)
+    assert found["ErrorInfo"].reason == "STREAMS_LIMITED"
+    assert found["QuotaFailure"].violations[0].subject == f"tenant:{tenant_id}:concurrent_streams"
+    assert found["RetryInfo"].retry_delay.ToTimedelta().total_seconds() > 0
+    # Nor does a new run start whose stream would be one too many.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await admission.gateway.Generate(request(prompt="another"), metadata=auth(key)).read()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert await count_runs(admission) == 1
+    # Another tenant streams as before; and a stream closed makes room again.
+    _, other_key = await admission.new_tenant_key("quiet")
+    assert (await admission.gateway.Generate(request(), metadata=auth(other_key)).read()).seq == 1
+    held.cancel()
+    assert (await read_first_when_room(admission, key, again)).seq == 1
+    generate.cancel()
+
+
+async def read_first_when_room(
+    admission: Admission, key: str, req: gateway_pb2.StreamRunRequest
+) -> Any:
+    """The stream's first event, once the server has counted a cancelled stream out."""
+    for _ in range(50):
+        try:
+            call = admission.gateway.StreamRun(req, metadata=auth(key))
+            event = await call.read()
+            call.cancel()
+            return event
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            await asyncio.sleep(0.1)
+    raise AssertionError("the closed stream was never counted out")
+
+
+def direct_gateway(
+    admission: Admission, model_dir: Path, depth: QueueDepth | None = None, **config: Any
+) -> Gateway:
+    """A Gateway on the test's database, called directly rather than through gRPC."""
+    return Gateway(
+        admission.db,
+        ModelCatalog.load({MODEL: str(model_dir)}),
+        RunFeed(admission.store.db.url.render_as_string(hide_password=False)),
+        Canceller(admission.store, None),
+        GatewayConfig(limits=LIMITS, **config),
+        depth,
+    )
+
+
+def params(key: str) -> GenerateParams:
+    return GenerateParams(MODEL, "hello", (), Sampling(max_tokens=4), "interactive", key, 60)
+
+
+async def test_tenants_without_a_stream_quota_get_the_default(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    tenant_id, _ = await admission.new_tenant_key("defaulted")
+    gateway = direct_gateway(admission, tiny_model_dir, max_concurrent_streams=1)
+    started = await gateway.start(tenant_id, params("first"))
+    events = await gateway.follow(tenant_id, started.run_id, 0, False, known=started.stored)
+    assert (await anext(events)).seq == 1
+    with pytest.raises(QuotaExceeded) as refused:
+        await gateway.follow(tenant_id, started.run_id, 0, False)
+    assert refused.value.reason == "STREAMS_LIMITED"
+    with pytest.raises(QuotaExceeded):
+        await gateway.start(tenant_id, params("second"))
+    assert await count_runs(admission) == 1
+    await events.aclose()
+    assert gateway.streams.num_open(tenant_id) == 0
+    second = await gateway.follow(tenant_id, started.run_id, 0, False)
+    assert (await anext(second)).seq == 1
+    await second.aclose()
+    await gateway.aclose()
+
+
+async def test_quotas_carry_max_concurrent_streams(admission: Admission) -> None:
+    admin = auth(ADMIN_TOKEN)
+    tenant = await admission.admin.CreateTenant(
+        admin_pb2.CreateTenantRequest(name="limited"), metadata=admin
+    )
+    # New tenants start with a finite concurrency, and the admission default for streams.
+    assert tenant.quota.max_concurrent_runs == DEFAULT_MAX_CONCURRENT_RUNS
+    assert not tenant.quota.HasField("max_concurrent_streams")
+    await set_stream_quota(admission, tenant.tenant_id, 5)
+    got = await admission.admin.GetTenant(
+        admin_pb2.GetTenantRequest(tenant_id=tenant.tenant_id), metadata=admin
+    )
+    assert got.quota.max_concurrent_streams == 5
+    await set_stream_quota(admission, tenant.tenant_id, 0)  # 0: unlimited, as every quota
+    without = admin_pb2.Quota(tenant_id=tenant.tenant_id, max_concurrent_runs=3)
+    reset = await admission.admin.SetQuota(admin_pb2.SetQuotaRequest(quota=without), metadata=admin)
+    assert not reset.HasField("max_concurrent_streams") and reset.max_concurrent_runs == 3
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await set_stream_quota(admission, tenant.tenant_id, -1)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_tenant_holding_its_share_of_the_queue_waits_and_others_do_not(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    hog, _ = await admission.new_tenant_key("hog")
+    other, _ = await admission.new_tenant_key("other")
+    depth = QueueDepth()
+    gateway = direct_gateway(
+        admission,
+        tiny_model_dir,
+        max_queue_depth=10,
+        tenant_queue_share=0.2,
+        min_tenant_queue_share=1,
+        depth=depth,
+    )
+    first = await gateway.start(hog, params("hog-1"))
+    await gateway.start(hog, params("hog-2"))
+    depth.value = 5  # more than one tenant's share (2) of a queue of 10
+    with pytest.raises(QuotaExceeded) as refused:
+        await gateway.start(hog, params("hog-3"))
+    assert "2 of this tenant's 2 queued runs" in str(refused.value)
+    assert refused.value.subject == f"tenant:{hog}:queued_runs" and refused.value.retry_after
+    assert (await gateway.start(hog, params("hog-1"))).run_id == first.run_id
+    assert (await gateway.start(other, params("other-1"))).stored
+    depth.value = 11
+    with pytest.raises(Unavailable):
+        await gateway.start(other, params("other-2"))
+    assert await count_runs(admission) == 3
+    await gateway.aclose()
+
+
+async def test_keys_of_the_wrong_shape_are_refused_without_a_query() -> None:
+    # A database that is not there: a key looked up fails otherwise than Unauthenticated.
+    db = open_db("postgresql://tollgate@127.0.0.1:1/nothing?connect_timeout=2")
+    secret = "A" * 43
+    wrong_shapes = [
+        f"tg_0123456789ABCDEF_{secret}",  # key ids are lowercase hex
+        f"tg_0123456789abcde\x00_{secret}",
+        f"tg_0123456789abcdeé_{secret}",
+        "tg_0123456789abcdef_short",
+        f"tg_0123456789abcdef_{secret[:40]} ;--",
+        f"tg_0123456789abcdef_{'a' * 5000}",
+    ]
+    try:
+        for key in wrong_shapes:
+            with pytest.raises(Unauthenticated):
+                await authenticate(db, auth(key))
+        with pytest.raises(DATABASE_AWAY):
+            await authenticate(db, auth(f"tg_0123456789abcdef_{secret}"))
+    finally:
+        await db.dispose()
+
+
+async def test_a_peer_that_keeps_failing_is_held_back(admission: Admission) -> None:
+    _, key = await admission.new_tenant_key("neighbour")
+    wrong = auth("tg_0123456789abcdef_" + "x" * 43)
+    for _ in range(FAILURE_BURST):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await admission.gateway.GetRun(gateway_pb2.GetRunRequest(run_id="r"), metadata=wrong)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await admission.gateway.ListRuns(gateway_pb2.ListRunsRequest(), metadata=auth(key))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    found = details(caught.value)
+    assert found["ErrorInfo"].reason == "RATE_LIMITED"
+    await asyncio.sleep(found["RetryInfo"].retry_delay.ToTimedelta().total_seconds())
+    await admission.gateway.ListRuns(gateway_pb2.ListRunsRequest(), metadata=auth(key))
