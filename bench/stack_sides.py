@@ -225,6 +225,7 @@ class RunningStack:
     gateway: str
     http: str
     api_key: str
+    admin_token: str
 
 
 @contextmanager
@@ -256,7 +257,7 @@ def running_stack(
             processes = services.start()
             admission = processes["admission"]
             key = tenant_key(admission.address, admin_token)
-            yield RunningStack(admission.address, admission.endpoints["http"], key)
+            yield RunningStack(admission.address, admission.endpoints["http"], key, admin_token)
         except Exception:
             for process in services.processes.values():
                 progress(f"--- {process.name} log tail ---\n{process.log_tail()}")

@@ -132,11 +132,13 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
             f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_kv_blocks}",
             subject=f"tenant:{admission.tenant_id}:kv_blocks",
             retry_after=QUOTA_RETRY_SECONDS,
+            reason="KV_LIMITED",
         )
     raise QuotaExceeded(
         f"concurrency quota: {open_runs} of {max_runs} runs in flight",
         subject=f"tenant:{admission.tenant_id}:concurrent_runs",
         retry_after=QUOTA_RETRY_SECONDS,
+        reason="CONCURRENCY_LIMITED",
     )
 
 

@@ -75,6 +75,7 @@ class RunFeed:
             except Exception as error:  # the streams poll the store meanwhile
                 log.warning("event feed interrupted", error=repr(error))
             self.listening.clear()
+            self._send_all(None)  # to the store, and to polling as often as without a feed
             await asyncio.sleep(self.retry_interval)
 
     def _deliver(self, notice: str) -> None:
@@ -128,6 +129,7 @@ async def stream_events(
     known: Sequence[StoredEvent] = (),
     poll_interval: float = 0.5,
     max_poll_interval: float = 2.0,
+    max_listening_poll_interval: float = 15.0,
 ) -> AsyncIterator[StoredEvent]:
     """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`.
 
@@ -138,7 +140,11 @@ async def stream_events(
     as silence, and either sends the stream to the store.
     A run that stays silent (queued behind others) is re-read from the store after
     `poll_interval`, then twice as long each time up to `max_poll_interval`, so
-    waiting streams cost the database little.
+    waiting streams cost the database little; up to `max_listening_poll_interval` while
+    the feed listens, since every commit then sends a notice and the feed tells its
+    streams when it stops listening: what the store is re-read for then is a notice
+    lost some other way, and a tenant's hundreds of streams on queued runs would
+    otherwise cost everyone's queries.
     """
     last = seen = after_seq
     wait = poll_interval
@@ -153,7 +159,8 @@ async def stream_events(
                     return
             if not caught_up and await _ended_before(store, run_id, last, stop_kinds):
                 return
-            wait = poll_interval if last != seen else min(2 * wait, max_poll_interval)
+            longest = max_listening_poll_interval if feed.listening.is_set() else max_poll_interval
+            wait = poll_interval if last != seen else min(2 * wait, longest)
             seen = last
             async for stored in _live(notices, last, wait):
                 yield stored

@@ -170,6 +170,52 @@ async def test_events_committed_while_the_listener_was_down_arrive(
         assert feed.listening.is_set()
 
 
+async def test_a_feed_that_stops_listening_sends_its_streams_back_to_polling(
+    store: EventStore, database_url: str
+) -> None:
+    # Reconnects long after the events commit; its streams wait on notices alone until
+    # the feed stops listening, then poll every 0.2 s.
+    feed = RunFeed(database_url, retry_interval=30.0)
+    run_id = await start_run(store)
+    async with listening(feed):
+        events = stream_events(
+            store,
+            feed,
+            run_id,
+            0,
+            UNTIL_BILLED,
+            poll_interval=5.0,
+            max_poll_interval=0.2,
+            max_listening_poll_interval=NO_POLLING,
+        )
+        reader = asyncio.create_task(seqs_of(events))
+        await asyncio.sleep(0.3)
+        await end_listener(store)
+        while feed.listening.is_set():
+            await asyncio.sleep(0.01)
+        # Committed while nobody listens, in one transaction: only polling brings it.
+        rest = [NewEvent(RunState.PREFILL), streaming(1)]
+        rest += [NewEvent(RunState.FAILED, {"code": "X", "usage": {}})]
+        await store.append(run_id, 1, [*rest, NewEvent(RunState.BILLED, {"amount_micros": 0})])
+        assert await asyncio.wait_for(reader, 3) == list(range(1, 6))
+
+
+async def seqs_of(events: AsyncIterator[StoredEvent]) -> list[int]:
+    return [event.seq async for event in events]
+
+
+async def end_listener(store: EventStore) -> None:
+    async with store.db.connect() as conn:
+        ended = await conn.scalar(
+            sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE query = :listen AND datname = current_database()"
+            ),
+            {"listen": f"LISTEN {EVENTS_CHANNEL}"},
+        )
+    assert ended == 1
+
+
 async def test_a_stream_of_an_ended_run_stops_at_its_last_event(
     store: EventStore, database_url: str
 ) -> None:

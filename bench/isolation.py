@@ -1,0 +1,271 @@
+"""One tenant floods admission with streams: another tenant's TTFT with and without it.
+
+    python -m bench.isolation [--streams 300] [--samples 40] [--flood-runs 10] [--quick]
+
+Starts the four services (`bench.stack_sides.running_stack`, as `bench.stack` does) on a
+tiny random Llama whose worker has few KV blocks, and two tenants. The quiet one sends
+Generate requests one after another, a few output tokens each, and times each to its
+first token. The flooding one holds `--streams` streams open: `--flood-runs` Generate
+streams of runs too large for the worker's KV cache, which therefore stay queued (as the
+runs of the flood that prompted this did), and StreamRun streams on those runs for the
+rest. The flood runs in a process of its own, so reading its streams does not slow this
+one's client. The quiet tenant's TTFT is measured without the flood, then during it, in
+the same stack; the ratio of the two medians is the figure (target <= 1.5).
+
+The flood's quota lets every stream in (`max_concurrent_streams` = 0): that measures what
+holding them costs everyone else. `--default-quota` leaves the tenant at the admission
+default instead, which refuses the streams past it.
+The last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import signal
+import sys
+import tempfile
+import time
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from bench.report import logs_to_stderr, percentile, progress
+from bench.stack_sides import MODEL_NAME, make_stack_workload, running_stack, stack_request, warm_up
+from engine.tokenizer import Tokenizer
+from engine.tools.tiny import init_tiny_model
+from tollgate import AsyncAdminClient, AsyncClient
+from tollgate.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
+
+TINY_SHAPE: dict[str, Any] = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 512}
+TTFT_RATIO_TARGET = 1.5
+QUIET_MAX_TOKENS = 4
+FLOOD_OPEN_TIMEOUT_S = 120.0
+
+
+def flood(
+    gateway: str,
+    api_key: str,
+    num_streams: int,
+    num_runs: int,
+    max_tokens: int,
+    reports: Queue[dict[str, Any]],
+    stop: EventType,
+) -> None:
+    """The flooding tenant, in a process of its own: opens the streams, tells `reports`
+    how many opened, holds them until `stop`, then cancels its runs."""
+    asyncio.run(_flood(gateway, api_key, num_streams, num_runs, max_tokens, reports, stop))
+
+
+async def _flood(
+    gateway: str,
+    api_key: str,
+    num_streams: int,
+    num_runs: int,
+    max_tokens: int,
+    reports: Queue[dict[str, Any]],
+    stop: EventType,
+) -> None:
+    metadata = (("authorization", f"Bearer {api_key}"),)
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        started = time.perf_counter()
+        generates = [
+            stub.Generate(_too_large_run(i, max_tokens), metadata=metadata) for i in range(num_runs)
+        ]
+        run_ids = [(await call.read()).run_id for call in generates]
+        followers = [
+            stub.StreamRun(
+                gateway_pb2.StreamRunRequest(run_id=run_ids[i % num_runs]), metadata=metadata
+            )
+            for i in range(num_streams - num_runs)
+        ]
+        firsts = await asyncio.gather(*(call.read() for call in followers), return_exceptions=True)
+        held = generates + [c for c, f in zip(followers, firsts, strict=True) if _opened(f)]
+        readers = [asyncio.create_task(_drain(call)) for call in held]
+        reports.put(
+            {
+                "opened": len(held),
+                "refused": sum(_refused(first) for first in firsts),
+                "open_seconds": time.perf_counter() - started,
+            }
+        )
+        await asyncio.to_thread(stop.wait)
+        still_open = sum(not reader.done() for reader in readers)
+        for call in held:
+            call.cancel()
+        for run_id in run_ids:
+            await stub.CancelRun(gateway_pb2.CancelRunRequest(run_id=run_id), metadata=metadata)
+        reports.put({"still_open": still_open})
+
+
+def _too_large_run(i: int, max_tokens: int) -> events_pb2.GenerateRequest:
+    return events_pb2.GenerateRequest(
+        model=MODEL_NAME,
+        prompt=f"flood {i}",
+        sampling=events_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        disconnect_grace=duration_pb2.Duration(seconds=5),
+    )
+
+
+def _opened(first: object) -> bool:
+    return not isinstance(first, BaseException) and first is not grpc.aio.EOF
+
+
+def _refused(first: object) -> bool:
+    return (
+        isinstance(first, grpc.aio.AioRpcError)
+        and first.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+
+
+async def _drain(call: Any) -> None:
+    while await call.read() != grpc.aio.EOF:
+        pass
+
+
+async def flood_key(gateway: str, admin_token: str, default_quota: bool) -> str:
+    async with AsyncAdminClient(gateway, admin_token) as admin:
+        tenant = await admin.create_tenant(f"bench-flood-{time.monotonic_ns()}")
+        if not default_quota:
+            await admin.set_quota(tenant.tenant_id, max_concurrent_streams=0)
+        return (await admin.create_api_key(tenant.tenant_id)).secret
+
+
+async def quiet_ttfts(client: AsyncClient, prompts: list[str]) -> list[float]:
+    """Each prompt's TTFT in milliseconds, one request at a time."""
+    return [(await stack_request(client, p, QUIET_MAX_TOKENS)).ttft_ms for p in prompts]
+
+
+async def measure(
+    args: argparse.Namespace, gateway: str, api_key: str, admin: str
+) -> dict[str, Any]:
+    model_prompts = make_stack_workload(
+        Tokenizer.from_model_dir(args.model_dir),
+        1,
+        24,
+        QUIET_MAX_TOKENS,
+        args.seed,
+        2 * args.samples,
+    ).prompts
+    baseline_prompts, flood_prompts = model_prompts[: args.samples], model_prompts[args.samples :]
+    key = await flood_key(gateway, admin, args.default_quota)
+    async with AsyncClient(gateway, api_key) as client:
+        await warm_up(client, baseline_prompts[0][:24])
+        progress(f"quiet tenant alone: {args.samples} requests")
+        baseline = await quiet_ttfts(client, baseline_prompts)
+        context = multiprocessing.get_context("spawn")
+        reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
+        stop = context.Event()
+        process = context.Process(
+            target=flood,
+            args=(gateway, key, args.streams, args.flood_runs, args.flood_tokens, reports, stop),
+        )
+        process.start()
+        try:
+            opened = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
+            progress(f"flood: {opened['opened']} streams open, {opened['refused']} refused")
+            progress(f"quiet tenant during the flood: {args.samples} requests")
+            flooded = await quiet_ttfts(client, flood_prompts)
+        finally:
+            stop.set()
+        closed = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
+        await asyncio.to_thread(process.join, 30)
+    return report(args, baseline, flooded, opened, closed)
+
+
+def report(
+    args: argparse.Namespace,
+    baseline: list[float],
+    flooded: list[float],
+    opened: dict[str, Any],
+    closed: dict[str, Any],
+) -> dict[str, Any]:
+    print(f"{'quiet tenant':<24}{'samples':>8}{'ttft p50':>10}{'ttft p90':>10}{'ttft p99':>10}")
+    sides = (("alone", baseline), (f"during {opened['opened']} streams", flooded))
+    for name, ttfts in sides:
+        cells = "".join(f"{percentile(ttfts, q):>10.1f}" for q in (50, 90, 99))
+        print(f"{name:<24}{len(ttfts):>8}{cells}")
+    ratio = percentile(flooded, 50) / percentile(baseline, 50)
+    print(f"TTFT p50 during the flood / alone: {ratio:.2f} (target <= {TTFT_RATIO_TARGET})")
+    return {
+        "streams_asked": args.streams,
+        "streams_open": opened["opened"],
+        "streams_refused": opened["refused"],
+        "streams_still_open_at_end": closed["still_open"],
+        "seconds_to_open": round(opened["open_seconds"], 2),
+        "flood_runs": args.flood_runs,
+        "default_quota": args.default_quota,
+        "samples": args.samples,
+        "alone_ttft_p50_ms": round(percentile(baseline, 50), 2),
+        "alone_ttft_p99_ms": round(percentile(baseline, 99), 2),
+        "flood_ttft_p50_ms": round(percentile(flooded, 50), 2),
+        "flood_ttft_p99_ms": round(percentile(flooded, 99), 2),
+        "ttft_p50_ratio": round(ratio, 3),
+        "meets_target": ratio <= TTFT_RATIO_TARGET,
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--streams", type=int, default=300, help="streams of the flood")
+    parser.add_argument("--flood-runs", type=int, default=10, help="queued runs they follow")
+    parser.add_argument("--samples", type=int, help="quiet requests per side (default 40)")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (15)")
+    parser.add_argument(
+        "--default-quota",
+        action="store_true",
+        help="leave the flooding tenant at the default max_concurrent_streams",
+    )
+    # Few blocks, so that a run of --flood-tokens never fits and stays queued.
+    parser.add_argument("--kv-blocks", type=int, default=128)
+    parser.add_argument("--flood-tokens", type=int, default=3000)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-batched-tokens", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
+    args = parser.parse_args()
+    args.samples = args.samples or (15 if args.quick else 40)
+    if not 1 <= args.flood_runs <= args.streams:
+        parser.error("--flood-runs must be between 1 and --streams")
+    if args.flood_tokens <= args.kv_blocks * args.block_size:
+        parser.error("--flood-tokens must need more KV blocks than --kv-blocks")
+    return args
+
+
+def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    progress("generating the tiny model")
+    args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
+    log_dir = args.logs or scratch / "logs"
+    progress(f"starting the stack (logs in {log_dir})")
+    with running_stack(scratch, args.model_dir, args, log_dir) as running:
+        work = measure(args, running.gateway, running.api_key, running.admin_token)
+        return asyncio.run(asyncio.wait_for(work, args.timeout))
+
+
+def main() -> int:
+    args = parse_args()
+    logs_to_stderr()
+    # SIGTERM takes the Ctrl-C path, so the stack and the infra are stopped either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tollgate-bench-isolation-") as tmp:
+            figures = bench(args, Path(tmp))
+    except KeyboardInterrupt:
+        progress("interrupted")
+        return 130
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
