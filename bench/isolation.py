@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
-import signal
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from queue import Queue
@@ -36,8 +34,15 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from bench.report import logs_to_stderr, percentile, progress
-from bench.stack_sides import MODEL_NAME, make_stack_workload, running_stack, stack_request, warm_up
+from bench.report import percentile, progress
+from bench.stack_sides import (
+    MODEL_NAME,
+    make_stack_workload,
+    run_stack_bench,
+    running_stack,
+    stack_request,
+    warm_up,
+)
 from engine.tokenizer import Tokenizer
 from engine.tools.tiny import init_tiny_model
 from tollgate import AsyncAdminClient, AsyncClient
@@ -49,31 +54,29 @@ QUIET_MAX_TOKENS = 4
 FLOOD_OPEN_TIMEOUT_S = 120.0
 
 
-def flood(
-    gateway: str,
-    api_key: str,
-    num_streams: int,
-    num_runs: int,
-    max_tokens: int,
-    reports: Queue[dict[str, Any]],
-    stop: EventType,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class Flood:
+    """What the flooding tenant opens: `num_streams` streams, of which `num_runs` are the
+    Generate streams of runs of `max_tokens` (too many for the worker's KV cache) and
+    the rest StreamRun streams on those runs."""
+
+    gateway: str
+    api_key: str
+    num_streams: int
+    num_runs: int
+    max_tokens: int
+
+
+def flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -> None:
     """The flooding tenant, in a process of its own: opens the streams, tells `reports`
     how many opened, holds them until `stop`, then cancels its runs."""
-    asyncio.run(_flood(gateway, api_key, num_streams, num_runs, max_tokens, reports, stop))
+    asyncio.run(_flood(plan, reports, stop))
 
 
-async def _flood(
-    gateway: str,
-    api_key: str,
-    num_streams: int,
-    num_runs: int,
-    max_tokens: int,
-    reports: Queue[dict[str, Any]],
-    stop: EventType,
-) -> None:
-    metadata = (("authorization", f"Bearer {api_key}"),)
-    async with grpc.aio.insecure_channel(gateway) as channel:
+async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -> None:
+    metadata = (("authorization", f"Bearer {plan.api_key}"),)
+    num_runs, max_tokens = plan.num_runs, plan.max_tokens
+    async with grpc.aio.insecure_channel(plan.gateway) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         started = time.perf_counter()
         generates = [
@@ -84,7 +87,7 @@ async def _flood(
             stub.StreamRun(
                 gateway_pb2.StreamRunRequest(run_id=run_ids[i % num_runs]), metadata=metadata
             )
-            for i in range(num_streams - num_runs)
+            for i in range(plan.num_streams - num_runs)
         ]
         firsts = await asyncio.gather(*(call.read() for call in followers), return_exceptions=True)
         held = generates + [c for c, f in zip(followers, firsts, strict=True) if _opened(f)]
@@ -163,10 +166,8 @@ async def measure(
         context = multiprocessing.get_context("spawn")
         reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
         stop = context.Event()
-        process = context.Process(
-            target=flood,
-            args=(gateway, key, args.streams, args.flood_runs, args.flood_tokens, reports, stop),
-        )
+        plan = Flood(gateway, key, args.streams, args.flood_runs, args.flood_tokens)
+        process = context.Process(target=flood, args=(plan, reports, stop))
         process.start()
         try:
             opened = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
@@ -253,18 +254,7 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 
 
 def main() -> int:
-    args = parse_args()
-    logs_to_stderr()
-    # SIGTERM takes the Ctrl-C path, so the stack and the infra are stopped either way.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        with tempfile.TemporaryDirectory(prefix="tollgate-bench-isolation-") as tmp:
-            figures = bench(args, Path(tmp))
-    except KeyboardInterrupt:
-        progress("interrupted")
-        return 130
-    print(json.dumps(figures))
-    return 0
+    return run_stack_bench(bench, parse_args(), "isolation")
 
 
 if __name__ == "__main__":

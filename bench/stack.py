@@ -33,14 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
-import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.report import logs_to_stderr, progress
+from bench.report import progress
 from bench.stack_http import report_fronts, run_fronts
 from bench.stack_sides import (
     SideResult,
@@ -48,6 +45,7 @@ from bench.stack_sides import (
     make_stack_workload,
     run_inprocess,
     run_stack,
+    run_stack_bench,
     running_stack,
 )
 from bench.workload import MODEL_SHAPE as BENCH_MODEL_SHAPE
@@ -234,18 +232,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> int:
-    args = parse_args()
-    logs_to_stderr()
-    # SIGTERM takes the Ctrl-C path, so the stack and the infra are stopped either way.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        with tempfile.TemporaryDirectory(prefix="tollgate-bench-stack-") as tmp:
-            figures = bench(args, Path(tmp))
-    except KeyboardInterrupt:
-        progress("interrupted")
-        return 130
-    print(json.dumps(figures))
-    return 0
+    return run_stack_bench(bench, parse_args(), "stack")
 
 
 if __name__ == "__main__":

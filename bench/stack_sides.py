@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import secrets
+import signal
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.cpu import CpuWindow
-from bench.report import percentile, progress
+from bench.report import logs_to_stderr, percentile, progress
 from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
 from engine.sampling import SamplingParams
@@ -265,3 +269,23 @@ def running_stack(
         finally:
             progress("stopping the stack")
             services.stop()
+
+
+def run_stack_bench(
+    bench: Callable[[argparse.Namespace, Path], dict[str, Any]],
+    args: argparse.Namespace,
+    name: str,
+) -> int:
+    """`main` of a benchmark that starts a stack: `bench` in a scratch directory, its
+    figures printed as the last line; the stack and the infra are stopped whatever ends
+    it, Ctrl-C and SIGTERM included. Returns the exit status."""
+    logs_to_stderr()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"tollgate-bench-{name}-") as tmp:
+            figures = bench(args, Path(tmp))
+    except KeyboardInterrupt:
+        progress("interrupted")
+        return 130
+    print(json.dumps(figures))
+    return 0

@@ -153,15 +153,7 @@ async def test_events_committed_while_the_listener_was_down_arrive(
     async with listening(feed):
         reader = asyncio.create_task(collect(store, feed, run_id, NO_POLLING))
         await asyncio.sleep(0.2)
-        async with store.db.connect() as conn:
-            ended = await conn.scalar(
-                sa.text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE query = :listen AND datname = current_database()"
-                ),
-                {"listen": f"LISTEN {EVENTS_CHANNEL}"},
-            )
-        assert ended == 1
+        await end_listener(store)
         while feed.listening.is_set():
             await asyncio.sleep(0.01)
         # Committed while nobody listens: its notification is lost.
