@@ -3,14 +3,16 @@
     python -m bench.isolation [--streams 300] [--samples 40] [--flood-runs 10] [--quick]
 
 Starts the four services (`bench.stack_sides.running_stack`, as `bench.stack` does) on a
-tiny random Llama whose worker has few KV blocks, and two tenants. The quiet one sends
-Generate requests one after another, a few output tokens each, and times each to its
-first token. The flooding one holds `--streams` streams open: `--flood-runs` Generate
-streams of runs too large for the worker's KV cache, which therefore stay queued (as the
-runs of the flood that prompted this did), and StreamRun streams on those runs for the
-rest. The flood runs in a process of its own, so reading its streams does not slow this
-one's client. The quiet tenant's TTFT is measured without the flood, then during it, in
-the same stack; the ratio of the two medians is the figure (target <= 1.5).
+tiny random Llama, and three tenants. A blocker's long run takes all but a few of the
+worker's KV blocks for the whole measurement. The quiet tenant sends Generate requests one
+after another, a few tokens each (they fit in the blocks left), and times each to its
+first token. The flooding tenant holds `--streams` streams open: `--flood-runs` Generate
+streams of runs that need more blocks than the blocker leaves, which therefore stay
+queued (as the runs of the flood that prompted this did), and StreamRun streams on those
+runs for the rest. The flood runs in a process of its own, so reading its streams does
+not slow this one's client. The quiet tenant's TTFT is measured without the flood, then
+during it, in the same stack, the blocker running throughout; the ratio of the two
+medians is the figure (target <= 1.5).
 
 The flood's quota lets every stream in (`max_concurrent_streams` = 0): that measures what
 holding them costs everyone else. `--default-quota` leaves the tenant at the admission
@@ -52,6 +54,7 @@ TINY_SHAPE: dict[str, Any] = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads"
 TTFT_RATIO_TARGET = 1.5
 QUIET_MAX_TOKENS = 4
 FLOOD_OPEN_TIMEOUT_S = 120.0
+SKIP_SECONDS = "TOLLGATE_SCHEDULER_MAX_SKIP_SECONDS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,7 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         started = time.perf_counter()
         generates = [
-            stub.Generate(_too_large_run(i, max_tokens), metadata=metadata) for i in range(num_runs)
+            stub.Generate(_waiting_run(i, max_tokens), metadata=metadata) for i in range(num_runs)
         ]
         run_ids = [(await call.read()).run_id for call in generates]
         followers = [
@@ -108,13 +111,33 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
         reports.put({"still_open": still_open})
 
 
-def _too_large_run(i: int, max_tokens: int) -> events_pb2.GenerateRequest:
+def _waiting_run(i: int, max_tokens: int, grace: int = 5) -> events_pb2.GenerateRequest:
     return events_pb2.GenerateRequest(
         model=MODEL_NAME,
         prompt=f"flood {i}",
         sampling=events_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        disconnect_grace=duration_pb2.Duration(seconds=5),
+        disconnect_grace=duration_pb2.Duration(seconds=grace),
     )
+
+
+async def start_blocker(gateway: str, api_key: str, max_tokens: int) -> str:
+    """Starts the long run that holds most of the worker's blocks; returns its id once it
+    streams. Its stream is closed then: the run goes on for its grace."""
+    metadata = (("authorization", f"Bearer {api_key}"),)
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        call = stub.Generate(_waiting_run(-1, max_tokens, grace=600), metadata=metadata)
+        while (event := await call.read()).WhichOneof("kind") != "streaming":
+            pass
+        call.cancel()
+    return str(event.run_id)
+
+
+async def blocker_state(gateway: str, api_key: str, run_id: str, cancel: bool = False) -> str:
+    """The blocker's state (`streaming` while it holds the blocks); cancelled if asked."""
+    async with AsyncClient(gateway, api_key) as client:
+        run = await (client.cancel_run(run_id) if cancel else client.get_run(run_id))
+    return str(run.state)
 
 
 def _opened(first: object) -> bool:
@@ -133,11 +156,12 @@ async def _drain(call: Any) -> None:
         pass
 
 
-async def flood_key(gateway: str, admin_token: str, default_quota: bool) -> str:
+async def tenant_key(gateway: str, admin_token: str, name: str, streams: int | None) -> str:
+    """A new tenant's key; `streams` its max_concurrent_streams (None: the default)."""
     async with AsyncAdminClient(gateway, admin_token) as admin:
-        tenant = await admin.create_tenant(f"bench-flood-{time.monotonic_ns()}")
-        if not default_quota:
-            await admin.set_quota(tenant.tenant_id, max_concurrent_streams=0)
+        tenant = await admin.create_tenant(f"bench-{name}-{time.monotonic_ns()}")
+        if streams is not None:
+            await admin.set_quota(tenant.tenant_id, max_concurrent_streams=streams)
         return (await admin.create_api_key(tenant.tenant_id)).secret
 
 
@@ -158,27 +182,51 @@ async def measure(
         2 * args.samples,
     ).prompts
     baseline_prompts, flood_prompts = model_prompts[: args.samples], model_prompts[args.samples :]
-    key = await flood_key(gateway, admin, args.default_quota)
+    key = await tenant_key(gateway, admin, "flood", None if args.default_quota else 0)
+    blocker_key = await tenant_key(gateway, admin, "blocker", None)
+    plan = Flood(gateway, key, args.streams, args.flood_runs, args.flood_tokens)
+    alone: list[float] = []
+    during: list[float] = []
     async with AsyncClient(gateway, api_key) as client:
         await warm_up(client, baseline_prompts[0][:24])
-        progress(f"quiet tenant alone: {args.samples} requests")
-        baseline = await quiet_ttfts(client, baseline_prompts)
-        context = multiprocessing.get_context("spawn")
-        reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
-        stop = context.Event()
-        plan = Flood(gateway, key, args.streams, args.flood_runs, args.flood_tokens)
-        process = context.Process(target=flood, args=(plan, reports, stop))
-        process.start()
-        try:
-            opened = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
-            progress(f"flood: {opened['opened']} streams open, {opened['refused']} refused")
-            progress(f"quiet tenant during the flood: {args.samples} requests")
-            flooded = await quiet_ttfts(client, flood_prompts)
-        finally:
-            stop.set()
-        closed = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
-        await asyncio.to_thread(process.join, 30)
-    return report(args, baseline, flooded, opened, closed)
+        blocker = ""
+        held = 0
+        # Alone and flooded in turns, so that load elsewhere on the machine weighs on both.
+        for turn in range(args.rounds):
+            if not blocker or await blocker_state(gateway, blocker_key, blocker) != "streaming":
+                blocker = await start_blocker(gateway, blocker_key, args.blocker_tokens)
+            progress(f"round {turn + 1}: the quiet tenant alone")
+            alone += await quiet_ttfts(client, baseline_prompts[turn :: args.rounds])
+            ttfts, opened, closed = await flooded_ttfts(
+                client, plan, flood_prompts[turn :: args.rounds]
+            )
+            during += ttfts
+            # Had it ended, the flood's runs would have streamed: another measurement.
+            held += await blocker_state(gateway, blocker_key, blocker) == "streaming"
+        closed["rounds_blocked"] = held
+        await blocker_state(gateway, blocker_key, blocker, cancel=True)
+    return report(args, alone, during, opened, closed)
+
+
+async def flooded_ttfts(
+    client: AsyncClient, plan: Flood, prompts: list[str]
+) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    """The prompts' TTFTs while a flood process holds its streams; with what it reported
+    once they were open and once it closed them."""
+    context = multiprocessing.get_context("spawn")
+    reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
+    stop = context.Event()
+    process = context.Process(target=flood, args=(plan, reports, stop))
+    process.start()
+    try:
+        opened = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
+        progress(f"flood: {opened['opened']} streams open, {opened['refused']} refused")
+        ttfts = await quiet_ttfts(client, prompts)
+    finally:
+        stop.set()
+    closed = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
+    await asyncio.to_thread(process.join, 30)
+    return ttfts, opened, closed
 
 
 def report(
@@ -200,10 +248,12 @@ def report(
         "streams_open": opened["opened"],
         "streams_refused": opened["refused"],
         "streams_still_open_at_end": closed["still_open"],
+        "rounds_with_the_flood_queued_throughout": closed["rounds_blocked"],
         "seconds_to_open": round(opened["open_seconds"], 2),
         "flood_runs": args.flood_runs,
         "default_quota": args.default_quota,
         "samples": args.samples,
+        "rounds": args.rounds,
         "alone_ttft_p50_ms": round(percentile(baseline, 50), 2),
         "alone_ttft_p99_ms": round(percentile(baseline, 99), 2),
         "flood_ttft_p50_ms": round(percentile(flooded, 50), 2),
@@ -220,26 +270,32 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--streams", type=int, default=300, help="streams of the flood")
     parser.add_argument("--flood-runs", type=int, default=10, help="queued runs they follow")
     parser.add_argument("--samples", type=int, help="quiet requests per side (default 40)")
-    parser.add_argument("--quick", action="store_true", help="fewer samples (15)")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (16)")
+    parser.add_argument("--rounds", type=int, default=4, help="turns of alone, then flooded")
     parser.add_argument(
         "--default-quota",
         action="store_true",
         help="leave the flooding tenant at the default max_concurrent_streams",
     )
-    # Few blocks, so that a run of --flood-tokens never fits and stays queued.
-    parser.add_argument("--kv-blocks", type=int, default=128)
-    parser.add_argument("--flood-tokens", type=int, default=3000)
+    # The blocker's run takes all but a few of --kv-blocks; a flood run of --flood-tokens
+    # does not fit in those, a quiet request does.
+    parser.add_argument("--kv-blocks", type=int, default=300)
+    parser.add_argument("--blocker-tokens", type=int, default=4470)
+    parser.add_argument("--flood-tokens", type=int, default=400)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-batched-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
     args = parser.parse_args()
-    args.samples = args.samples or (15 if args.quick else 40)
+    args.samples = args.samples or (16 if args.quick else 40)
+    if not 1 <= args.rounds <= args.samples:
+        parser.error("--rounds must be between 1 and --samples")
     if not 1 <= args.flood_runs <= args.streams:
         parser.error("--flood-runs must be between 1 and --streams")
-    if args.flood_tokens <= args.kv_blocks * args.block_size:
-        parser.error("--flood-tokens must need more KV blocks than --kv-blocks")
+    left = args.kv_blocks * args.block_size - args.blocker_tokens
+    if not 0 < left < args.flood_tokens:
+        parser.error("--blocker-tokens must leave fewer tokens of --kv-blocks than --flood-tokens")
     return args
 
 
@@ -248,7 +304,9 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
     log_dir = args.logs or scratch / "logs"
     progress(f"starting the stack (logs in {log_dir})")
-    with running_stack(scratch, args.model_dir, args, log_dir) as running:
+    # Long enough for the blocker; no flood run waits long enough to hold up smaller ones.
+    env = {"TOLLGATE_MAX_TOKENS": str(args.blocker_tokens), SKIP_SECONDS: "3600"}
+    with running_stack(scratch, args.model_dir, args, log_dir, env) as running:
         work = measure(args, running.gateway, running.api_key, running.admin_token)
         return asyncio.run(asyncio.wait_for(work, args.timeout))
 

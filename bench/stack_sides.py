@@ -12,7 +12,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,9 +234,14 @@ class RunningStack:
 
 @contextmanager
 def running_stack(
-    scratch: Path, model_dir: Path, args: argparse.Namespace, log_dir: Path
+    scratch: Path,
+    model_dir: Path,
+    args: argparse.Namespace,
+    log_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningStack]:
-    """Infra and the four services; yields their addresses and a tenant's key.
+    """Infra and the four services (with `extra_env` in their environment); yields their
+    addresses and a tenant's key.
 
     Everything started here is stopped on the way out, whatever ends the run.
     """
@@ -254,6 +259,7 @@ def running_stack(
             extra_env={
                 "TOLLGATE_BLOCK_SIZE": str(args.block_size),
                 "TOLLGATE_MAX_BATCHED_TOKENS": str(args.max_batched_tokens),
+                **(extra_env or {}),
             },
         )
         services = Services(config, log_dir)

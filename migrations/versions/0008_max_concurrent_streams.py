@@ -3,15 +3,15 @@
 `tenants.max_concurrent_streams`: NULL = admission's default, 0 = unlimited.
 `runs_tenant_queued` finds a tenant's queued runs without reading its history.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
