@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -32,7 +32,7 @@ from services.admission.http_responses import (
     run_json,
     sse_frame,
 )
-from services.admission.requests import GenerateParams
+from services.admission.requests import GenerateParams, Limits
 from services.admission.runs_query import get_tenant_run
 from services.core.auth import authenticate
 from services.core.errors import (
@@ -86,11 +86,9 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Response:
-        request.state.param_names = param_names(body)
-        tenant_id = await self._tenant(request)
-        params = chat_params(body, request.headers, self.gateway.config.limits)
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return await self._complete(request, tenant_id, params, body.stream, include_usage)
+        return await self._complete(
+            request, body, lambda: chat_params(body, request.headers, self._limits)
+        )
 
     async def completions(
         self,
@@ -98,11 +96,9 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Response:
-        request.state.param_names = param_names(body)
-        tenant_id = await self._tenant(request)
-        params = completion_params(body, request.headers, self.gateway.config.limits)
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return await self._complete(request, tenant_id, params, body.stream, include_usage)
+        return await self._complete(
+            request, body, lambda: completion_params(body, request.headers, self._limits)
+        )
 
     async def list_models(
         self,
@@ -172,20 +168,27 @@ class HttpApi:
         assert principal.tenant_id is not None
         return principal.tenant_id
 
+    @property
+    def _limits(self) -> Limits:
+        return self.gateway.config.limits
+
     async def _complete(
         self,
         request: Request,
-        tenant_id: str,
-        params: GenerateParams,
-        stream: bool,
-        include_usage: bool,
+        body: ChatCompletionRequest | CompletionRequest,
+        params_of: Callable[[], GenerateParams],
     ) -> Response:
+        """Authenticates, then reads the body's parameters (a 401 comes before a 400)."""
+        request.state.param_names = param_names(body)
+        tenant_id = await self._tenant(request)
+        params = params_of()
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
         started = await self.gateway.start(tenant_id, params)
         completion = Completion(
             bool(params.messages), started.run_id, params.model, include_usage=include_usage
         )
         events = await self.gateway.follow(tenant_id, started.run_id, 0, True, known=started.stored)
-        if stream:
+        if body.stream:
             return _sse(_completion_frames(events, completion), started.run_id)
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             ended = await _until_disconnect(request, _last(events, completion))

@@ -128,6 +128,8 @@ def test_sdk_exceptions_for_each_refusal(stack: Stack, sdk: openai.OpenAI) -> No
     stranger = openai.OpenAI(base_url=f"{stack.http}/v1", api_key="tg_nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()
+    with pytest.raises(openai.AuthenticationError):  # the key first, then the body
+        stranger.chat.completions.create(model="tiny", messages=CHAT, n=5)  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):
         sdk.models.retrieve("no-such-model")
     key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
