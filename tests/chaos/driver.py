@@ -44,6 +44,7 @@ class Outcome:
     kills: Counter[str]
     verdict: Verdict
     extra: dict[str, Any] = field(default_factory=dict)
+    restart_seconds: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -58,6 +59,7 @@ class Outcome:
             "stuck_runs": len(self.verdict.stuck_run_ids),
             "stuck_run_ids": self.verdict.stuck_run_ids[:MAX_LISTED],
             "worker_kill_to_settled_s": latency(self.verdict.settle_seconds),
+            "service_kill_to_serving_s": latency(self.restart_seconds),
             **self.extra,
         }
 
@@ -100,7 +102,9 @@ def run_phase(
         time.sleep(phase.duration_s)
         faults.stop()
         verdict = finish(stack, load, faults.worker_kills)
-        return Outcome(phase.name, load.records, faults.kills, verdict)
+        return Outcome(
+            phase.name, load.records, faults.kills, verdict, restart_seconds=faults.restart_seconds
+        )
 
 
 def finish(

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 import structlog
 
 from services.stack.launcher import ServiceProcess
-from tests.chaos.cluster import Infra, Stack, engine_child
+from tests.chaos.cluster import Infra, Stack, engine_child, wait_until
 from tests.chaos.evidence import held_runs
+from tests.services.core.kafka_tools import accepts
 
 log = structlog.get_logger(__name__)
 
 SERVICE_KINDS = ("admission", "scheduler", "worker", "ledger")
 ALL_KINDS = (*SERVICE_KINDS, "engine", "broker", "postgres")
+RESTART_WATCH_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,8 @@ class Faults:
     gap_s: tuple[float, float] = (3.0, 7.0)
     kills: Counter[str] = field(default_factory=Counter)
     worker_kills: list[WorkerKill] = field(default_factory=list)
+    # Seconds from a service process's kill until its successor accepts connections.
+    restart_seconds: list[float] = field(default_factory=list)
     _stopping: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -89,10 +93,23 @@ class Faults:
             return self._kill_engine(victim)
         runs = held_runs(self.stack.database_url, victim.pid) if kind == "worker" else ()
         log.warning(f"chaos: killing {victim.name}", pid=victim.pid)
-        os.kill(victim.pid, signal.SIGKILL)
+        old_pid = victim.pid
+        os.kill(old_pid, signal.SIGKILL)
+        at = time.time()
         if kind == "worker":
-            self.worker_kills.append(WorkerKill(kind, victim.pid, time.time(), runs))
+            self.worker_kills.append(WorkerKill(kind, old_pid, at, runs))
+        watch = threading.Thread(target=self._time_restart, args=(victim, old_pid, at), daemon=True)
+        watch.start()
         return True
+
+    def _time_restart(self, victim: ServiceProcess, old_pid: int, at: float) -> None:
+        port = int(victim.address.rpartition(":")[2])
+
+        def back() -> bool:
+            return _is_up(victim) and victim.pid != old_pid and accepts(port)
+
+        if wait_until(back, RESTART_WATCH_S, interval=0.1):
+            self.restart_seconds.append(time.time() - at)
 
     def _kill_engine(self, worker: ServiceProcess) -> bool:
         engine = engine_child(worker)

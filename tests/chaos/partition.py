@@ -169,9 +169,15 @@ def run_partition(
                 load.start()
                 cut = partition_while_streaming(stack, namespace, worker, load, duration_s)
                 verdict = finish(stack, load, [cut] if cut else [], [worker.address])
+    refusals = [line for line in worker.log_path.read_text().splitlines() if FENCED in line]
     extra = {
         "taken_over": len(verdict.settle_seconds),
-        "fenced_appends": worker.log_path.read_text().count(FENCED),
+        # Its appends after the takeover, refused: by the lease epoch, or by the seq the
+        # takeover's own event moved on (checked first).
+        "fenced_appends": {
+            "stale_lease": sum("lease epoch" in line for line in refusals),
+            "seq_conflict": sum("expected last seq" in line for line in refusals),
+        },
     }
     kills = Counter({"partition": 1 if cut else 0})
     return Outcome("partition", load.records, kills, verdict, extra)
