@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,17 +120,18 @@ class ServiceProcess:
         """Waits for the READY line and returns the address it names; the other endpoints
         it names (`http=URL`) go to `endpoints`."""
         assert self.process is not None and self.process.stdout is not None
-        lines: queue.Queue[str] = queue.Queue()
+        lines: queue.Queue[str | None] = queue.Queue()
         stdout = self.process.stdout
 
         def read_lines() -> None:
             for line in stdout:
                 lines.put(line)
+            lines.put(None)  # its output ended: the process is gone, so is the wait
 
         threading.Thread(target=read_lines, daemon=True).start()
+        deadline = time.monotonic() + timeout
         try:
-            while True:
-                line = lines.get(timeout=timeout)
+            while (line := lines.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
                 if line.startswith("READY "):
                     self.address, *endpoints = line.split()[1:]
                     self.endpoints = dict(e.partition("=")[::2] for e in endpoints)
@@ -137,6 +139,9 @@ class ServiceProcess:
                         f"{self.name} ready", address=self.address, pid=self.pid, **self.endpoints
                     )
                     return self.address
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+            raise queue.Empty
         except queue.Empty:
             status = self.process.poll()
             state = (

@@ -128,3 +128,16 @@ def test_a_process_that_keeps_dying_waits_longer_each_time() -> None:
     assert backoff.delay == MAX_BACKOFF_S
     backoff.started(100.0)
     assert backoff.next_delay(100.0 + STABLE_AFTER_S) == 0.5  # it stayed up: forgiven
+
+
+def test_a_service_that_exits_before_it_is_ready_ends_the_wait_at_once(tmp_path: Path) -> None:
+    """Not after the whole ready timeout: a supervisor restarting it would stall meanwhile."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+    process = launcher.ServiceProcess(
+        "ledger", "services.ledger", env, tmp_path / "ledger.log"
+    )  # no TOLLGATE_DATABASE_URL: it exits with status 2
+    process.start()
+    started = time.monotonic()
+    with pytest.raises(launcher.InfraError, match="exited with status 2"):
+        process.wait_ready(timeout=120)
+    assert time.monotonic() - started < 30
