@@ -92,7 +92,7 @@ async def main(settings: AdmissionSettings) -> None:
     ]
     depth = QueueDepth()
     if settings.scheduler_address:
-        scheduler = SchedulerClient(settings.scheduler_address)
+        scheduler = SchedulerClient(settings.scheduler_address, settings.common.internal_token)
         background.append(scheduler.watch_queue_depth(depth))
     gateway = Gateway(
         db,

@@ -16,6 +16,7 @@ import structlog
 
 from services.admission.admit import Admitted
 from services.core.errors import FieldViolation, InvalidArgument
+from services.core.internal import internal_channel
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -51,8 +52,8 @@ class QueueDepth:
 
 
 class SchedulerClient:
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, internal_token: str = "") -> None:
+        self.channel = internal_channel(address, internal_token)
         self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
         self._in_flight: set[asyncio.Task[None]] = set()
 

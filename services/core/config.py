@@ -81,6 +81,7 @@ class CommonSettings:
     topic: str
     listen: str
     metrics_port: int
+    internal_token: str = ""
     topic_partitions: int = TOPIC_PARTITIONS
     republish_window: float = REPUBLISH_WINDOW_SECONDS
 
@@ -92,6 +93,7 @@ class CommonSettings:
             topic=env_str("TOLLGATE_TOPIC", RUN_EVENTS_TOPIC),
             listen=env_str("TOLLGATE_LISTEN", default_listen),
             metrics_port=env_int("TOLLGATE_METRICS_PORT", -1),
+            internal_token=env_str("TOLLGATE_INTERNAL_TOKEN", ""),
             topic_partitions=env_int("TOLLGATE_TOPIC_PARTITIONS", TOPIC_PARTITIONS),
             republish_window=env_float("TOLLGATE_REPUBLISH_WINDOW", REPUBLISH_WINDOW_SECONDS),
         )

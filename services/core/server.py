@@ -96,12 +96,15 @@ def create_server(
     listen: str,
     add_servicers: Callable[[grpc.aio.Server], None],
     limits: ServerLimits | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A grpc.aio server with the standard health service, within `limits` (by default
     those of the environment); returns it with its port."""
     limits = limits or ServerLimits.from_env()
     server = grpc.aio.server(
-        options=limits.options(), maximum_concurrent_rpcs=limits.max_concurrent_rpcs
+        options=limits.options(),
+        maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
+        interceptors=list(interceptors),
     )
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()

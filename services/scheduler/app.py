@@ -22,6 +22,7 @@ from services.core import server as core_server
 from services.core.config import CommonSettings, env_float, env_int, env_map
 from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
+from services.core.internal import server_interceptors
 from services.core.leadership import Leadership
 from services.core.relay import OutboxRelay
 from services.scheduler import metrics
@@ -91,7 +92,7 @@ class SchedulerApp:
         self.state = SchedulerState(registry, settings.max_skip_age)
         self.store = EventStore(db)
         self.repository = SchedulerRepository(db, settings.block_size)
-        self.clients = WorkerClients()
+        self.clients = WorkerClients(internal_token=settings.common.internal_token)
         self.intake = Intake(self.state, self.repository)
         self.tracker = AssignmentTracker(self.state, self.repository)
         self.recovery = Recovery(self.state, self.store, self.intake.take)
@@ -191,7 +192,9 @@ def create_server(
     def add(server: grpc.aio.Server) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(app.servicer, server)
 
-    return core_server.create_server(listen, add)
+    services = [scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name]
+    interceptors = server_interceptors(app.settings.common.internal_token, services)
+    return core_server.create_server(listen, add, interceptors=interceptors)
 
 
 async def _announce(listen: str, port: int, app: SchedulerApp) -> None:

@@ -11,6 +11,7 @@ import grpc
 import structlog
 from google.protobuf import json_format
 
+from services.core.internal import internal_channel
 from services.scheduler.fair_queue import QueueClass
 from services.scheduler.records import QueuedRun
 from services.scheduler.workers import WorkerReport
@@ -83,8 +84,11 @@ def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
 class WorkerClients:
     """One channel per worker address, reused across calls."""
 
-    def __init__(self, rpc_timeout: float = 3.0, cancel_timeout: float = 1.5) -> None:
+    def __init__(
+        self, rpc_timeout: float = 3.0, cancel_timeout: float = 1.5, internal_token: str = ""
+    ) -> None:
         self.rpc_timeout = rpc_timeout
+        self.internal_token = internal_token
         # Admission gives the scheduler's CancelRun 3 s in all.
         self.cancel_timeout = cancel_timeout
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -92,7 +96,7 @@ class WorkerClients:
     def _stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = internal_channel(address, self.internal_token)
         return worker_pb2_grpc.WorkerServiceStub(channel)
 
     async def assign(self, address: str, run: QueuedRun, grant: Grant) -> AssignResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import secrets
 import signal
 import subprocess
 import sys
@@ -72,6 +73,8 @@ class StackConfig:
     disconnect_grace: float = 30.0
     gateway_listen: str = "127.0.0.1:0"
     http_listen: str = "127.0.0.1:0"
+    # What every internal call carries (TOLLGATE_INTERNAL_TOKEN); new for each stack.
+    internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -213,6 +216,7 @@ class Services:
             "TOLLGATE_TOPIC": self.config.topic,
             "TOLLGATE_LISTEN": "127.0.0.1:0",
             "TOLLGATE_ADMIN_TOKEN": self.config.admin_token,
+            "TOLLGATE_INTERNAL_TOKEN": self.config.internal_token,
             "TOLLGATE_MODELS": f"{self.config.model_name}={self.config.model_dir}",
             **self.config.extra_env,
         }

@@ -26,6 +26,7 @@ from services.core.config import (
 )
 from services.core.db import open_db
 from services.core.eventstore import EventStore
+from services.core.internal import internal_channel, server_interceptors
 from services.core.server import bound_address, create_server, serve, set_serving, start_metrics
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
@@ -125,9 +126,12 @@ def _optional(choice: str) -> str | None:
     return None if choice == "none" else choice
 
 
-async def heartbeat(core: WorkerCore, scheduler_address: str, address: str) -> None:
+async def heartbeat(
+    core: WorkerCore, scheduler_address: str, address: str, internal_token: str = ""
+) -> None:
     """Registers with the scheduler and keeps telling it how much room is left."""
-    stub = scheduler_pb2_grpc.SchedulerServiceStub(grpc.aio.insecure_channel(scheduler_address))
+    channel = internal_channel(scheduler_address, internal_token)
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     interval, registered = 1.0, False
     while True:
         try:
@@ -205,7 +209,11 @@ async def main(settings: WorkerSettings) -> None:
     def add_servicers(server: grpc.aio.Server) -> None:
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), server)
 
-    server, port, health = create_server(settings.common.listen, add_servicers)
+    server, port, health = create_server(
+        settings.common.listen,
+        add_servicers,
+        interceptors=server_interceptors(settings.common.internal_token, SERVICES),
+    )
     address = bound_address(settings.common.listen, port)
     supervisor = EngineSupervisor(
         core,
@@ -222,7 +230,7 @@ async def main(settings: WorkerSettings) -> None:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", "") or advertised_address(address)
         background.extend(
-            heartbeat(core, scheduler.strip(), advertised)
+            heartbeat(core, scheduler.strip(), advertised, settings.common.internal_token)
             for scheduler in settings.scheduler_address.split(",")
             if scheduler.strip()
         )

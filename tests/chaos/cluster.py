@@ -38,6 +38,7 @@ TOPIC_PARTITIONS = 4
 HEARTBEAT_INTERVAL_S = 1.0
 # Two heartbeat intervals: the bound the scheduler is held to for a lost worker.
 WORKER_TIMEOUT_S = 2.0
+INTERNAL_TOKEN = "chaos-internal-token"
 SERVICE_ENV = {
     "TOLLGATE_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
     "TOLLGATE_WORKER_TIMEOUT": str(WORKER_TIMEOUT_S),
@@ -156,6 +157,7 @@ def supervised_stack(
         model_name="tiny",
         model_dir=model_dir,
         admin_token=ADMIN_TOKEN,
+        internal_token=INTERNAL_TOKEN,
         topic=topic,
         num_kv_blocks=NUM_KV_BLOCKS,
         extra_env={

@@ -14,6 +14,7 @@ import psycopg
 
 from services.core.db import libpq_url
 from services.core.runs import ENDED_STATES
+from tests.chaos.cluster import INTERNAL_TOKEN
 from tests.services.core.kafka_tools import read_topic
 from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 
@@ -103,7 +104,9 @@ def busy_workers(addresses: Iterable[str]) -> dict[str, str]:
     for address in addresses:
         with grpc.insecure_channel(address) as channel:
             status = worker_pb2_grpc.WorkerServiceStub(channel).GetWorkerStatus(
-                worker_pb2.GetWorkerStatusRequest(), timeout=5
+                worker_pb2.GetWorkerStatusRequest(),
+                timeout=5,
+                metadata=(("authorization", f"Bearer {INTERNAL_TOKEN}"),),
             )
         if status.num_free_blocks != status.num_total_blocks or status.running_run_ids:
             busy[address] = (

@@ -23,6 +23,8 @@ from tollgate import AdminClient, Client
 from tollgate.types import RunEvent
 
 ADMIN_TOKEN = "e2e-admin-token"
+INTERNAL_TOKEN = "e2e-internal-token"
+INTERNAL = (("authorization", f"Bearer {INTERNAL_TOKEN}"),)
 NUM_KV_BLOCKS = 160
 
 
@@ -82,6 +84,7 @@ def running_stack(
         model_name="tiny",
         model_dir=model_dir,
         admin_token=ADMIN_TOKEN,
+        internal_token=INTERNAL_TOKEN,
         topic=topic,
         num_kv_blocks=NUM_KV_BLOCKS,
         gateway_listen=gateway_listen,

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services.stack.flaky_link import FlakyLink
-from tests.e2e.conftest import NUM_KV_BLOCKS, Stack
+from tests.e2e.conftest import INTERNAL, NUM_KV_BLOCKS, Stack
 from tollgate import Client
 from tollgate.errors import (
     IdempotencyKeyReusedError,
@@ -229,12 +229,19 @@ def test_wrong_or_missing_key_is_unauthenticated(stack: Stack) -> None:
             list(Client(stack.gateway, key).generate("x", model=MODEL, max_tokens=2))
 
 
+def test_internal_services_refuse_calls_without_the_internal_token(stack: Stack) -> None:
+    stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(stack.worker))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.GetWorkerStatus(worker_pb2.GetWorkerStatusRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+
+
 def test_zz_everything_is_released_afterwards(stack: Stack) -> None:
     """Runs last in this module: every reservation released, the worker's pool free."""
     stub = worker_pb2_grpc.WorkerServiceStub(grpc.insecure_channel(stack.worker))
     deadline = time.monotonic() + 30
     while True:
-        status = stub.GetWorkerStatus(worker_pb2.GetWorkerStatusRequest())
+        status = stub.GetWorkerStatus(worker_pb2.GetWorkerStatusRequest(), metadata=INTERNAL)
         report = stack.admin.get_reconciliation()
         if (
             status.num_free_blocks == NUM_KV_BLOCKS and not status.running_run_ids and report.ok

@@ -103,6 +103,10 @@ def test_the_services_find_each_other(services: dict[str, Any]) -> None:
             r"postgresql\+psycopg://\w+:.+@postgres:5432/\w+$", variables["TOLLGATE_DATABASE_URL"]
         )
         assert variables["TOLLGATE_KAFKA_BOOTSTRAP"] == "kafka:9092"
+    for name in TOLLGATE_SERVICES:  # required, no default: compose refuses to start without it
+        assert env(services[name])["TOLLGATE_INTERNAL_TOKEN"].startswith(
+            "${TOLLGATE_INTERNAL_TOKEN:?"
+        )
     kafka = env(services["kafka"])
     assert "PLAINTEXT://kafka:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
