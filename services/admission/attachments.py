@@ -91,9 +91,10 @@ class Attachments:
         self._expiring: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
-    async def attached(self, run_id: str) -> AsyncIterator[None]:
-        """Holds this replica's lease on `run_id` while the block runs."""
-        if self._streams[run_id] == 0:
+    async def attached(self, run_id: str, *, leased: bool = False) -> AsyncIterator[None]:
+        """Holds this replica's lease on `run_id` while the block runs; `leased` when the
+        lease was just taken with the run's admission (`attach_in`)."""
+        if self._streams[run_id] == 0 and not leased:
             async with single_statement(self.db) as conn:
                 await attach_in(conn, run_id, self.replica_id, lease=self.lease)
         self._streams[run_id] += 1

@@ -219,7 +219,8 @@ class Gateway:
         stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
         # Counted only once iterated: a stream its front never starts holds nothing.
         with self.streams.held(tenant_id, limit):
-            async with self.attachments.attached(run_id):
+            # `known` holds the `queued` event this replica just stored with its lease.
+            async with self.attachments.attached(run_id, leased=bool(known)):
                 async for event in stream_events(
                     self.store, self.feed, run_id, after_seq, stop_kinds, known=known
                 ):

@@ -12,11 +12,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import grpc
 
+from services.core.codec import PROTO_STATES, rfc3339
 from services.core.errors import (
     ApiError,
     FailedPrecondition,
@@ -188,16 +189,11 @@ class Completion:
 
 
 def timestamp(moment: datetime | None) -> str | None:
-    """RFC 3339 in UTC, as protobuf's JSON mapping writes a Timestamp."""
-    if moment is None:
-        return None
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return rfc3339(moment) if moment is not None else None
 
 
 def state_name(state: RunState | None) -> str:
-    if state is None:
-        return "RUN_STATE_UNSPECIFIED"
-    return f"RUN_STATE_{state.upper()}"
+    return events_pb2.RunState.Name(PROTO_STATES[state] if state else 0)  # type: ignore[arg-type]
 
 
 def event_json(event: StoredEvent) -> dict[str, Any]:

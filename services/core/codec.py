@@ -30,6 +30,11 @@ STATES_BY_PROTO: Mapping[int, RunState] = {v: k for k, v in PROTO_STATES.items()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def rfc3339(moment: datetime) -> str:
+    """A timestamp as protobuf's JSON mapping and CloudEvents write it, in UTC."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def to_proto(event: StoredEvent) -> events_pb2.RunEvent:
     message = events_pb2.RunEvent(
         run_id=event.run_id,

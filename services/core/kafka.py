@@ -14,7 +14,6 @@ import contextlib
 from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -37,7 +36,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import Counter
 
-from services.core.codec import from_proto, kind_of, to_proto
+from services.core.codec import from_proto, kind_of, rfc3339, to_proto
 from services.core.runs import RunState, StoredEvent
 from tollgate.v1 import events_pb2
 
@@ -327,17 +326,13 @@ def cloudevent_headers(event: StoredEvent) -> list[tuple[str, bytes]]:
         ("ce_id", f"{event.run_id}/{event.seq}".encode()),
         ("ce_source", CE_SOURCE.encode()),
         ("ce_type", ce_type(event.kind).encode()),
-        ("ce_time", _rfc3339(event.created_at).encode()),
+        ("ce_time", rfc3339(event.created_at).encode()),
         ("ce_subject", event.run_id.encode()),
         ("content-type", CONTENT_TYPE.encode()),
     ]
     if event.traceparent:
         headers.append(("ce_traceparent", event.traceparent.encode()))
     return headers
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 async def create_topic(
