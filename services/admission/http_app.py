@@ -242,9 +242,10 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for pending in (task, gone):
-            if not pending.done():
-                pending.cancel()
+        gone.cancel()
+        task.cancel()
+        # Waited for, so the run is detached before the answer goes.
+        await asyncio.gather(task, gone, return_exceptions=True)
     if task.cancelled():
         return None
     return task.result()

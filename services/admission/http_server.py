@@ -14,6 +14,8 @@ from collections.abc import Generator
 import uvicorn
 from starlette.types import ASGIApp
 
+from services.core.loop import wait_set
+
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
@@ -55,5 +57,4 @@ class HttpServer:
         """Stops taking connections and lets answers in flight finish within the grace;
         streams still open then are cut."""
         self.server.should_exit = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopped.wait(), self.grace + 1.0)
+        await wait_set(self._stopped, self.grace + 1.0)

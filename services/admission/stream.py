@@ -26,6 +26,7 @@ from psycopg.conninfo import make_conninfo
 
 from services.core.db import EVENTS_CHANNEL, libpq_url
 from services.core.eventstore import EventStore, parse_notice
+from services.core.loop import within
 from services.core.runs import RunState, StoredEvent
 
 log = structlog.get_logger(__name__)
@@ -185,7 +186,7 @@ async def _live(
     """Events from notices while each is the next seq; returns to read the store."""
     while True:
         try:
-            events = await asyncio.wait_for(notices.get(), timeout)
+            events = await within(notices.get(), timeout)
         except TimeoutError:
             return
         if events is None:

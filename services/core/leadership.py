@@ -22,6 +22,7 @@ import psycopg
 import structlog
 
 from services.core.db import Database, libpq_url
+from services.core.loop import within
 
 log = structlog.get_logger(__name__)
 
@@ -111,7 +112,7 @@ class Leadership:
         assert self.check_interval is not None
         while True:
             await asyncio.sleep(self.check_interval)
-            await asyncio.wait_for(conn.execute("SELECT 1"), self.check_timeout)
+            await within(conn.execute("SELECT 1"), self.check_timeout)
 
 
 async def _bound_session(conn: psycopg.AsyncConnection) -> None:

@@ -8,7 +8,8 @@ chooses asyncio's loop, for its debug mode or to compare the two.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from services.core.config import env_choice
@@ -41,3 +42,19 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         raise
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
+
+
+async def within(awaitable: Awaitable[T], timeout: float) -> T:
+    """`awaitable`'s result, or TimeoutError after `timeout` seconds.
+
+    Unlike `asyncio.wait_for` on Python 3.11, a cancellation that arrives in the same
+    turn as the result is never swallowed: a cancelled task always stops."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:
+    """Whether `event` is set within `timeout` seconds (cancellable as `within` is)."""
+    with contextlib.suppress(TimeoutError):
+        await within(event.wait(), timeout)
+    return event.is_set()

@@ -24,6 +24,7 @@ from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.core.internal import server_interceptors
 from services.core.leadership import Leadership
+from services.core.loop import within
 from services.core.relay import OutboxRelay
 from services.scheduler import metrics
 from services.scheduler.cancel import Canceller
@@ -205,7 +206,7 @@ async def _announce(listen: str, port: int, app: SchedulerApp) -> None:
     await app.leadership.decided.wait()
     try:
         if app.leadership.is_leader.is_set():
-            await asyncio.wait_for(app.trigger.ready.wait(), _TRIGGER_WAIT_S)
+            await within(app.trigger.ready.wait(), _TRIGGER_WAIT_S)
     except TimeoutError:
         log.warning("announcing before the Kafka trigger joined", waited_s=_TRIGGER_WAIT_S)
     core_server.announce(core_server.bound_address(listen, port))

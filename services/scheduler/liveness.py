@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
+from services.core.loop import wait_set
 from services.scheduler import metrics
 from services.scheduler.records import Assignment
 from services.scheduler.state import SchedulerState
@@ -60,8 +60,7 @@ class LivenessChecker:
                 await self.check_once()
             except Exception:
                 log.exception("liveness check failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.poll_now.wait(), self.interval)
+            await wait_set(self.poll_now, self.interval)
             self.poll_now.clear()
 
     async def check_once(self) -> None:

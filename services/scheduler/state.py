@@ -11,9 +11,9 @@ as no `await` separates them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
+from services.core.loop import wait_set
 from services.scheduler.fair_queue import FairQueue, QueueClass
 from services.scheduler.records import Assignment, QueuedRun
 from services.scheduler.workers import WorkerRegistry
@@ -125,8 +125,7 @@ class SchedulerState:
     async def wait_settled(self, run_id: str, timeout: float) -> None:
         event = self.dispatching.get(run_id)
         if event is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+            await wait_set(event, timeout)
 
     def forget(self, run_id: str, lease_epoch: int | None = None) -> None:
         """Drops a run that ended (or, given `lease_epoch`, only that assignment of it)."""

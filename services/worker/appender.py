@@ -15,7 +15,6 @@ what committed, so they go on rather than being dropped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable, Sequence
 
@@ -24,6 +23,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from engine.outputs import RequestOutput
 from services.core.eventstore import Append, ConcurrencyConflict, EventStore
+from services.core.loop import wait_set
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.worker.metrics import observe_finished
 from services.worker.runs import AssignedRun, step_events
@@ -93,8 +93,7 @@ class StepAppender:
             steps = [await self._steps.get()]
             delay = self._last_append + self.interval() - loop.time()
             if delay > 0 and not self._urgent.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), delay)
+                await wait_set(self._urgent, delay)
             self._urgent.clear()
             while not self._steps.empty():
                 steps.append(self._steps.get_nowait())

@@ -259,6 +259,7 @@ def test_a_closed_connection_cancels_the_run_after_the_grace(stack: Stack, strea
     status, _, data = request(stack, key, "GET", f"/v1/runs/{run_id}/events")
     ended = [json.loads(e["data"]) for e in sse_events(data.decode())][-2]
     assert status == 200 and ended["cancelled"]["reason"] == "client disconnected"
+    assert "unexpected error" not in (stack.log_dir / "admission.log").read_text()
 
 
 def test_runs_are_read_and_cancelled_over_http(stack: Stack, key: str) -> None:

@@ -4,7 +4,7 @@ import pytest
 import uvloop
 
 from services.core.config import ConfigError
-from services.core.loop import run, running_loop_name
+from services.core.loop import run, running_loop_name, wait_set, within
 
 
 async def running_loop() -> tuple[type, str]:
@@ -29,3 +29,27 @@ def test_an_unknown_loop_is_refused_naming_the_variable(monkeypatch: pytest.Monk
     with pytest.raises(ConfigError, match="TOLLGATE_EVENT_LOOP must be one of uvloop, asyncio"):
         run(main)
     assert main.cr_frame is None  # closed, not left to warn that it was never awaited
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_a_cancellation_in_the_turn_the_result_arrives_still_cancels(turns: int) -> None:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    task = asyncio.create_task(within(queue.get(), 60))
+    await asyncio.sleep(0)  # waiting for the item
+    queue.put_nowait("item")
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    if task.cancel():  # the task had not finished: it must end cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        assert task.result() == "item"
+
+
+async def test_within_raises_timeout_and_wait_set_says_whether_it_was_set() -> None:
+    with pytest.raises(TimeoutError):
+        await within(asyncio.Event().wait(), 0.01)
+    event = asyncio.Event()
+    assert not await wait_set(event, 0.01)
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_set(event, 60)
