@@ -37,6 +37,7 @@ from services.core.codec import encoded_size
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
+from services.core.key_usage import KeyUsage
 from services.core.ratelimit import FailedAttempts
 from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
 from services.core.telemetry import current_traceparent, get_tracer
@@ -101,6 +102,8 @@ class Gateway:
         self.stream_limits = StreamLimits(TenantRepository(db), config.max_concurrent_streams)
         # Failed authentications per peer, on both fronts.
         self.auth_failures = FailedAttempts()
+        # Each key's last use, written in batches by `run()`.
+        self.key_usage = KeyUsage()
 
     async def start(self, tenant_id: str, params: GenerateParams) -> Started:
         """Admits a new run, or finds the run this idempotency key already names; with the
@@ -142,8 +145,11 @@ class Gateway:
         return Started(admission.run_id, (admitted.queued,))
 
     async def run(self) -> None:
-        """Cancels the runs no client streams any more, once their grace is over."""
-        await self.attachments.run(self._cancel_abandoned)
+        """Cancels the runs no client streams any more, once their grace is over, and
+        writes the keys' last uses."""
+        await asyncio.gather(
+            self.attachments.run(self._cancel_abandoned), self.key_usage.run(self.db)
+        )
 
     async def _prepare(self, tenant_id: str, params: GenerateParams) -> Admission:
         """The run to admit: its prompt tokenized and checked against the model, and its
@@ -177,6 +183,7 @@ class Gateway:
         return admission
 
     async def aclose(self) -> None:
+        await self.key_usage.flush_logged(self.db)
         await self.attachments.aclose()
 
     async def _existing(self, tenant_id: str, params: GenerateParams) -> RunView | None:

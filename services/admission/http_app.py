@@ -34,7 +34,7 @@ from services.admission.http_responses import (
 )
 from services.admission.requests import GenerateParams, Limits
 from services.admission.runs_query import get_tenant_run
-from services.core.auth import authenticate
+from services.core.auth import Principal, authenticate, require_model
 from services.core.errors import (
     ApiError,
     FieldViolation,
@@ -105,8 +105,10 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> dict[str, Any]:
-        await self._tenant(request)
-        return {"object": "list", "data": [_model(name) for name in self.gateway.catalog.names()]}
+        """The models the caller's key may use."""
+        principal = await self._principal(request)
+        names = [name for name in self.gateway.catalog.names() if principal.may_use(name)]
+        return {"object": "list", "data": [_model(name) for name in names]}
 
     async def get_model(
         self,
@@ -114,8 +116,8 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> dict[str, Any]:
-        await self._tenant(request)
-        if model not in self.gateway.catalog.names():
+        principal = await self._principal(request)
+        if model not in self.gateway.catalog.names() or not principal.may_use(model):
             raise NotFound(f"model {model[:64]!r} not found")
         return _model(model)
 
@@ -157,6 +159,11 @@ class HttpApi:
         return _sse(frames, run.run_id)
 
     async def _tenant(self, request: Request) -> str:
+        tenant_id = (await self._principal(request)).tenant_id
+        assert tenant_id is not None
+        return tenant_id
+
+    async def _principal(self, request: Request) -> Principal:
         header = request.headers.get("authorization", "")
         peer = request.client.host if request.client is not None else ""
         principal = await authenticate(
@@ -164,9 +171,10 @@ class HttpApi:
             [("authorization", header)],
             peer=peer,
             failures=self.gateway.auth_failures,
+            usage=self.gateway.key_usage,
         )
         assert principal.tenant_id is not None
-        return principal.tenant_id
+        return principal
 
     @property
     def _limits(self) -> Limits:
@@ -180,8 +188,11 @@ class HttpApi:
     ) -> Response:
         """Authenticates, then reads the body's parameters (a 401 comes before a 400)."""
         request.state.param_names = param_names(body)
-        tenant_id = await self._tenant(request)
+        principal = await self._principal(request)
+        tenant_id = principal.tenant_id
+        assert tenant_id is not None
         params = params_of()
+        require_model(principal, params.model)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         started = await self.gateway.start(tenant_id, params)
         completion = Completion(

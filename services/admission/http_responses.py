@@ -23,6 +23,7 @@ from services.core.errors import (
     FailedPrecondition,
     IdempotencyKeyReused,
     InvalidArgument,
+    PermissionDenied,
     QuotaExceeded,
     Unavailable,
 )
@@ -70,6 +71,9 @@ def http_error(error: ApiError, param_names: Mapping[str, str] | None = None) ->
             f"{p}: {v.description}" for p, v in zip(params, error.violations, strict=True)
         )
         param = params[0] if params else None
+    elif isinstance(error, PermissionDenied):
+        param = error.field or None
+        code = error.reason.lower() or code
     elif isinstance(error, FailedPrecondition):
         code = error.reason.lower()
         if isinstance(error, IdempotencyKeyReused):

@@ -10,15 +10,22 @@ import grpc
 from google.protobuf import json_format
 
 from services.admission.gateway import Gateway
+from services.admission.key_messages import key_to_proto, overlap_from_proto, scopes_from_proto
+from services.admission.keys import KeyRepository
 from services.admission.requests import PRIORITIES, GenerateParams, Limits, Sampling
 from services.admission.runs_query import get_tenant_run, list_runs
 from services.admission.tenants import (
     DEFAULT_MAX_CONCURRENT_RUNS,
-    KeyRecord,
     TenantRecord,
     TenantRepository,
 )
-from services.core.auth import authenticate, bearer_token, is_admin_token
+from services.core.auth import (
+    Principal,
+    authenticate,
+    bearer_token,
+    is_admin_token,
+    require_model,
+)
 from services.core.codec import PROTO_STATES, to_proto
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
@@ -35,22 +42,31 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
 
-    async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         principal = await authenticate(
             self.gateway.db,
             context.invocation_metadata(),
             peer=context.peer(),
             failures=self.gateway.auth_failures,
+            usage=self.gateway.key_usage,
         )
         assert principal.tenant_id is not None
-        return principal.tenant_id
+        return principal
+
+    async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        tenant_id = (await self._principal(context)).tenant_id
+        assert tenant_id is not None
+        return tenant_id
 
     @rpc_errors
     async def Generate(
         self, request: events_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[events_pb2.RunEvent]:
-        tenant_id = await self._tenant(context)
+        principal = await self._principal(context)
+        tenant_id = principal.tenant_id
+        assert tenant_id is not None
         params = params_from_proto(request, self.gateway.config.limits)
+        require_model(principal, params.model)
         with get_tracer().start_as_current_span("tollgate.admission.generate") as span:
             span.set_attribute(
                 "gen_ai.operation.name", "chat" if params.messages else "text_completion"
@@ -123,6 +139,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         default_max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS,
     ) -> None:
         self.tenants = TenantRepository(db, default_max_concurrent_runs)
+        self.keys = KeyRepository(db)
         self.admin_token = admin_token
 
     def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
@@ -170,14 +187,33 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApiKey:
         self._require_admin(context)
-        return key_to_proto(await self.tenants.create_key(request.tenant_id))
+        scopes = scopes_from_proto(request)
+        return key_to_proto(await self.keys.create(request.tenant_id, scopes))
 
     @rpc_errors
     async def RevokeApiKey(
         self, request: admin_pb2.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ApiKey:
         self._require_admin(context)
-        return key_to_proto(await self.tenants.revoke_key(request.key_id))
+        return key_to_proto(await self.keys.revoke(request.key_id))
+
+    @rpc_errors
+    async def ListApiKeys(
+        self, request: admin_pb2.ListApiKeysRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListApiKeysResponse:
+        self._require_admin(context)
+        keys, token = await self.keys.list(request.tenant_id, request.page_size, request.page_token)
+        return admin_pb2.ListApiKeysResponse(
+            api_keys=[key_to_proto(k) for k in keys], next_page_token=token
+        )
+
+    @rpc_errors
+    async def RotateApiKey(
+        self, request: admin_pb2.RotateApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ApiKey:
+        self._require_admin(context)
+        overlap = overlap_from_proto(request)
+        return key_to_proto(await self.keys.rotate(request.key_id, overlap))
 
     @rpc_errors
     async def SetQuota(
@@ -268,10 +304,4 @@ def tenant_to_proto(tenant: TenantRecord) -> admin_pb2.Tenant:
             max_concurrent_runs=tenant.max_concurrent_runs,
             max_concurrent_streams=tenant.max_concurrent_streams,
         ),
-    )
-
-
-def key_to_proto(key: KeyRecord) -> admin_pb2.ApiKey:
-    return admin_pb2.ApiKey(
-        key_id=key.key_id, tenant_id=key.tenant_id, secret=key.secret, revoked=key.revoked
     )

@@ -1,4 +1,5 @@
-"""Tenants, API keys and quotas in PostgreSQL.
+"""Tenants and quotas in PostgreSQL (API keys: keys.py); each change recorded as an admin
+audit event in its own transaction (services.core.audit).
 
 A tenant made here is born with a finite `max_concurrent_runs`
 (`default_max_concurrent_runs`, TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS in admission), so a
@@ -15,12 +16,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.core.auth import new_key
+from services.admission.keys import KeyRecord, KeyRepository
+from services.core import audit
 from services.core.db import Database, single_statement
 from services.core.errors import FailedPrecondition, NotFound
-from services.core.schema import api_keys, tenants
-from services.core.validation import is_identifier, shown
+from services.core.schema import tenants
+from services.core.validation import require_id, shown
 
 DEFAULT_MAX_CONCURRENT_RUNS = 64
 
@@ -35,14 +38,6 @@ class TenantRecord:
     max_concurrent_streams: int | None = None  # None: admission's default
 
 
-@dataclass(frozen=True, slots=True)
-class KeyRecord:
-    key_id: str
-    tenant_id: str
-    secret: str  # empty except right after creation
-    revoked: bool
-
-
 class TenantRepository:
     def __init__(
         self, db: Database, default_max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS
@@ -51,19 +46,23 @@ class TenantRepository:
         self.db = db
         self.default_max_concurrent_runs = default_max_concurrent_runs
 
-    async def create(self, name: str, weight: int) -> TenantRecord:
+    async def create(self, name: str, weight: int, actor: str = audit.ADMIN_ACTOR) -> TenantRecord:
         tenant_id = f"ten_{secrets.token_hex(8)}"
         try:
             async with self.db.begin() as conn:
-                await conn.execute(
-                    tenants.insert().values(
+                created = await conn.execute(
+                    tenants.insert()
+                    .values(
                         tenant_id=tenant_id,
                         name=name,
                         weight=weight,
                         max_concurrent_runs=self.default_max_concurrent_runs,
                         created_at=sa.func.clock_timestamp(),
                     )
+                    .returning(*tenants.c)
                 )
+                after = created.one()._mapping
+                await _audit(conn, "tenant.created", actor, None, after)
         except IntegrityError:
             raise FailedPrecondition(
                 f"a tenant named {shown(name)} exists", "TENANT_EXISTS"
@@ -71,7 +70,7 @@ class TenantRepository:
         return await self.get(tenant_id)
 
     async def get(self, tenant_id: str) -> TenantRecord:
-        _require_id("tenant", tenant_id)
+        require_id("tenant", tenant_id)
         async with single_statement(self.db) as conn:
             row = (
                 await conn.execute(sa.select(tenants).where(tenants.c.tenant_id == tenant_id))
@@ -96,10 +95,15 @@ class TenantRepository:
         max_kv_blocks: int,
         max_concurrent_runs: int,
         max_concurrent_streams: int | None = None,
+        actor: str = audit.ADMIN_ACTOR,
     ) -> TenantRecord:
         """Replaces the tenant's limits; `max_concurrent_streams` None is the default."""
-        _require_id("tenant", tenant_id)
+        require_id("tenant", tenant_id)
         async with self.db.begin() as conn:
+            locked = sa.select(tenants).where(tenants.c.tenant_id == tenant_id).with_for_update()
+            before = (await conn.execute(locked)).first()
+            if before is None:
+                raise NotFound(f"tenant {tenant_id} does not exist")
             updated = await conn.execute(
                 tenants.update()
                 .where(tenants.c.tenant_id == tenant_id)
@@ -108,49 +112,38 @@ class TenantRepository:
                     max_concurrent_runs=max_concurrent_runs,
                     max_concurrent_streams=max_concurrent_streams,
                 )
+                .returning(*tenants.c)
             )
-        if updated.rowcount == 0:
-            raise NotFound(f"tenant {tenant_id} does not exist")
-        return await self.get(tenant_id)
+            after = updated.one()._mapping
+            await _audit(conn, "quota.set", actor, before._mapping, after)
+        return _tenant(after)
 
     async def create_key(self, tenant_id: str) -> KeyRecord:
-        await self.get(tenant_id)
-        key = new_key()
-        async with self.db.begin() as conn:
-            await conn.execute(
-                api_keys.insert().values(
-                    key_id=key.key_id,
-                    tenant_id=tenant_id,
-                    secret_hash=key.secret_hash,
-                    created_at=sa.func.clock_timestamp(),
-                )
-            )
-        return KeyRecord(key.key_id, tenant_id, key.secret, revoked=False)
-
-    async def revoke_key(self, key_id: str) -> KeyRecord:
-        _require_id("API key", key_id)
-        async with self.db.begin() as conn:
-            row = (
-                await conn.execute(
-                    api_keys.update()
-                    .where(api_keys.c.key_id == key_id)
-                    .values(
-                        revoked_at=sa.func.coalesce(
-                            api_keys.c.revoked_at, sa.func.clock_timestamp()
-                        )
-                    )
-                    .returning(api_keys.c.tenant_id)
-                )
-            ).first()
-        if row is None:
-            raise NotFound(f"API key {key_id} does not exist")
-        return KeyRecord(key_id, row.tenant_id, "", revoked=True)
+        """A key of every scope (KeyRepository.create sets scopes)."""
+        return await KeyRepository(self.db).create(tenant_id)
 
 
-def _require_id(kind: str, value: str) -> None:
-    """What is not an id names nothing; checked before it reaches SQL."""
-    if not is_identifier(value):
-        raise NotFound(f"{kind} {shown(value)} does not exist")
+async def _audit(
+    conn: AsyncConnection,
+    kind: str,
+    actor: str,
+    before: Mapping[Any, Any] | None,
+    after: Mapping[Any, Any],
+) -> None:
+    change = audit.AdminChange(
+        type=kind,
+        tenant_id=after["tenant_id"],
+        subject=after["tenant_id"],
+        actor=actor,
+        before=_audit_view(before) if before is not None else None,
+        after=_audit_view(after),
+    )
+    await audit.record(conn, change)
+
+
+def _audit_view(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """Every column of a tenant's row but its creation time: its name, weight and limits."""
+    return audit.jsonable({str(name): value for name, value in row.items() if name != "created_at"})
 
 
 def _tenant(row: Mapping[Any, Any]) -> TenantRecord:

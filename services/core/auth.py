@@ -1,11 +1,16 @@
-"""API keys and the admin token: parsing, hashing, constant-time checks.
+"""API keys and the admin token: parsing, hashing, constant-time checks, scopes.
 
-A key reads `tg_<key_id>_<secret>`; only SHA-256 of the secret is stored.  The
-secrets are 256-bit random values, so a fast hash is enough: there is nothing
-to brute-force that a slow hash would protect.
+A key reads `tg_<key_id>_<secret>`: the key id is the prefix it is looked up by, and
+only SHA-256 of the secret is stored. The secrets are 256-bit random values, so a fast
+hash is enough: there is nothing to brute-force that a slow hash would protect.
+
+A key may be limited to some models (`require_model`), may expire, and after a rotation
+its previous secret works until the overlap the rotation set ends. An expired key is
+told apart only once its secret matched, so an error never says more to a guesser.
 
 Failing is cheap: a key not of the shape `new_key` makes is refused without a query,
 and a peer that fails too often is refused for a while before its keys are looked up.
+A success costs no write: `usage` notes the key's use in memory (services.core.key_usage).
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from services.core.codec import rfc3339
 from services.core.db import Database, driver_cursor, single_statement
-from services.core.errors import QuotaExceeded, Unauthenticated
+from services.core.errors import PermissionDenied, QuotaExceeded, Unauthenticated
+from services.core.key_usage import KeyUsage
 from services.core.ratelimit import FailedAttempts, peer_host
+from services.core.validation import shown
 
 KEY_PREFIX = "tg_"
 KEY_ID_LENGTH = 16
@@ -34,6 +43,21 @@ class Principal:
 
     tenant_id: str | None
     is_admin: bool = False
+    key_id: str | None = None
+    allowed_models: frozenset[str] = frozenset()  # empty: every model
+
+    def may_use(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
+
+
+def require_model(principal: Principal, model: str) -> None:
+    """Raises PermissionDenied (naming `model`) when the caller's key may not run `model`."""
+    if not principal.may_use(model):
+        raise PermissionDenied(
+            f"model: this API key may not use the model {shown(model)}",
+            field="model",
+            reason="MODEL_NOT_ALLOWED",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +103,13 @@ def is_admin_token(token: str, admin_token: str) -> bool:
 
 
 # Every call of every client starts here.
-_KEY = "SELECT tenant_id, secret_hash FROM api_keys WHERE key_id = %s AND revoked_at IS NULL"
+_KEY = """
+    SELECT tenant_id, secret_hash, allowed_models, expires_at,
+           expires_at <= clock_timestamp() AS expired,
+           CASE WHEN previous_secret_expires_at > clock_timestamp()
+                THEN previous_secret_hash END AS previous_secret_hash
+    FROM api_keys WHERE key_id = %s AND revoked_at IS NULL
+"""
 
 
 async def authenticate(
@@ -90,11 +120,27 @@ async def authenticate(
     allow_admin: bool = False,
     peer: str = "",
     failures: FailedAttempts | None = None,
+    usage: KeyUsage | None = None,
 ) -> Principal:
     """The caller behind `authorization: Bearer ...`; raises Unauthenticated.
 
     With `failures`, each failure counts against `peer`, and a peer past its rate of
-    failures is refused (QuotaExceeded, RATE_LIMITED) before its key is looked up."""
+    failures is refused (QuotaExceeded, RATE_LIMITED) before its key is looked up. With
+    `usage`, the key's use is noted there."""
+    principal = await _checked(db, metadata, admin_token, allow_admin, peer, failures)
+    if usage is not None and principal.key_id is not None:
+        usage.used(principal.key_id)
+    return principal
+
+
+async def _checked(
+    db: Database,
+    metadata: Sequence[tuple[str, str | bytes]] | None,
+    admin_token: str,
+    allow_admin: bool,
+    peer: str,
+    failures: FailedAttempts | None,
+) -> Principal:
     if failures is None:
         return await _authenticate(db, metadata, admin_token, allow_admin)
     wait = failures.retry_after(peer)
@@ -130,8 +176,28 @@ async def _authenticate(
     async with single_statement(db) as conn, driver_cursor(conn) as cursor:
         await cursor.execute(_KEY, (key_id,))
         row = await cursor.fetchone()
-    # Compare even when the key is unknown, so timing does not tell which part was wrong.
-    expected = row["secret_hash"] if row else hash_secret(secrets.token_hex(8))
-    if not hmac.compare_digest(hash_secret(secret), expected) or row is None:
+    matched = _secret_matches(secret, row)
+    if row is None or not matched:
         raise Unauthenticated("invalid API key")
-    return Principal(tenant_id=row["tenant_id"])
+    if row["expired"]:
+        raise Unauthenticated(f"API key {key_id} expired at {rfc3339(row['expires_at'])}")
+    return Principal(
+        tenant_id=row["tenant_id"],
+        key_id=key_id,
+        allowed_models=frozenset(row["allowed_models"] or ()),
+    )
+
+
+def _secret_matches(secret: str, row: dict[str, Any] | None) -> bool:
+    """Whether `secret` is the key's, or its previous one still in its overlap. Both are
+    compared whatever the row, so timing does not tell which part was wrong."""
+    given = hash_secret(secret)
+    current = row["secret_hash"] if row else _decoy()
+    previous = (row["previous_secret_hash"] if row else None) or _decoy()
+    matches_current = hmac.compare_digest(given, current)
+    matches_previous = hmac.compare_digest(given, previous)
+    return row is not None and (matches_current or matches_previous)
+
+
+def _decoy() -> str:
+    return hash_secret(secrets.token_hex(8))

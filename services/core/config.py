@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 RUN_EVENTS_TOPIC = "tollgate.run-events.v1"
+ADMIN_EVENTS_TOPIC = "tollgate.admin-events.v1"
 TOPIC_PARTITIONS = 8
 # Seconds the outbox keeps published rows, to publish again what a broker lost.
 REPUBLISH_WINDOW_SECONDS = 600.0
@@ -84,6 +85,7 @@ class CommonSettings:
     internal_token: str = ""
     topic_partitions: int = TOPIC_PARTITIONS
     republish_window: float = REPUBLISH_WINDOW_SECONDS
+    admin_topic: str = ADMIN_EVENTS_TOPIC
 
     @classmethod
     def from_env(cls, default_listen: str = "127.0.0.1:0") -> CommonSettings:
@@ -96,4 +98,5 @@ class CommonSettings:
             internal_token=env_str("TOLLGATE_INTERNAL_TOKEN", ""),
             topic_partitions=env_int("TOLLGATE_TOPIC_PARTITIONS", TOPIC_PARTITIONS),
             republish_window=env_float("TOLLGATE_REPUBLISH_WINDOW", REPUBLISH_WINDOW_SECONDS),
+            admin_topic=env_str("TOLLGATE_ADMIN_TOPIC", ADMIN_EVENTS_TOPIC),
         )

@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 # Notified in the transaction that appends events; delivered when it commits.
 EVENTS_CHANNEL = "tollgate_run_events"
+# Notified in the transaction that records an admin event, to wake the outbox relay.
+ADMIN_EVENTS_CHANNEL = "tollgate_admin_events"
 
 # SQLAlchemy names its pool an engine; here the engine is the model's.
 Database = AsyncEngine

@@ -101,7 +101,23 @@ class Unauthenticated(ApiError):
 
 
 class PermissionDenied(ApiError):
+    """The caller may not do this; `field` names the request field at fault, `reason` is
+    the ErrorInfo reason (`MODEL_NOT_ALLOWED`)."""
+
     code = grpc.StatusCode.PERMISSION_DENIED
+
+    def __init__(self, message: str, field: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason
+
+    def details(self) -> list[Any]:
+        if not self.reason:
+            return []
+        metadata = {"field": self.field} if self.field else {}
+        return [
+            error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN, metadata=metadata)
+        ]
 
 
 class NotFound(ApiError):

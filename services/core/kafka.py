@@ -70,6 +70,23 @@ class Acked:
 
 
 @dataclass(frozen=True, slots=True)
+class Record:
+    """One record to publish, encoded: its key, value and headers."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where the broker put a record it acknowledged."""
+
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     acked: list[Acked]
     refused: list[Refused]
@@ -81,7 +98,8 @@ _RECORD_ERRORS = (MessageSizeTooLargeError, RecordTooLargeError, CorruptRecordEx
 
 
 class Publisher:
-    """Publishes run events to `topic`; a context manager that connects and disconnects."""
+    """Publishes run events to `topic` (and other records to any topic, `send`); a context
+    manager that connects and disconnects."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.topic = topic
@@ -100,34 +118,48 @@ class Publisher:
         where each landed, but for those refused for themselves. Any other error (the broker
         away) raises, and then none of `events` is known to be published."""
         refused: list[Refused] = []
-        sent: list[tuple[StoredEvent, asyncio.Future[Any]]] = []
+        encoded: list[tuple[StoredEvent, Record]] = []
         for event in events:
             try:
                 value = to_proto(event).SerializeToString()
             except Exception as error:  # the encoder: a payload the message cannot hold
                 refused.append(Refused(event, repr(error)))
                 continue
+            record = Record(event.run_id.encode(), value, cloudevent_headers(event))
+            encoded.append((event, record))
+        results = await self.send(self.topic, [record for _, record in encoded])
+        acked = []
+        for (event, _), result in zip(encoded, results, strict=True):
+            if isinstance(result, Placed):
+                acked.append(Acked(event, result.partition, result.offset))
+            else:
+                refused.append(Refused(event, result))
+        return Published(acked, refused)
+
+    async def send(self, topic: str, records: Sequence[Record]) -> list[Placed | str]:
+        """Where each of `records` landed on `topic`, or why it was refused for itself, in
+        their order, once all are acknowledged. Any other error raises, as `publish`."""
+        results: list[Placed | str | None] = []
+        sent: list[tuple[int, asyncio.Future[Any]]] = []
+        for record in records:
             try:
                 future = await self._producer.send(
-                    self.topic,
-                    value=value,
-                    key=event.run_id.encode(),
-                    headers=cloudevent_headers(event),
+                    topic, value=record.value, key=record.key, headers=record.headers
                 )
             except _RECORD_ERRORS as error:
-                refused.append(Refused(event, repr(error)))
+                results.append(repr(error))
                 continue
-            sent.append((event, future))
-        results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
-        acked = []
-        for (event, _), result in zip(sent, results, strict=True):
-            if isinstance(result, _RECORD_ERRORS):
-                refused.append(Refused(event, repr(result)))
-            elif isinstance(result, BaseException):
-                raise result
+            sent.append((len(results), future))
+            results.append(None)
+        acks = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        for (index, _), ack in zip(sent, acks, strict=True):
+            if isinstance(ack, _RECORD_ERRORS):
+                results[index] = repr(ack)
+            elif isinstance(ack, BaseException):
+                raise ack
             else:
-                acked.append(Acked(event, result.partition, result.offset))
-        return Published(acked, refused)
+                results[index] = Placed(ack.partition, ack.offset)
+        return [result for result in results if result is not None]
 
 
 class TopicWatch:

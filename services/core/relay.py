@@ -27,6 +27,9 @@ same partition, or a partition empty that held records) or a topic that is gone 
 the broker lost them: the relay makes the topic again with its partitions (unless a
 client's request made it meanwhile with the broker's default count: that one is kept) and
 publishes every kept row again, in order. Consumers dedupe by (run_id, seq) as for any redelivery.
+
+The same outbox carries the admin audit events (services/core/admin_outbox.py): each pass
+publishes them to `admin_topic` after the run events.
 """
 
 from __future__ import annotations
@@ -39,15 +42,17 @@ import structlog
 from prometheus_client import Counter
 from psycopg.rows import dict_row
 
+from services.core.admin_outbox import drop_refused, fetch_admin_batch, publish_admin_batch
 from services.core.config import (
+    ADMIN_EVENTS_TOPIC,
     REPUBLISH_WINDOW_SECONDS,
     RUN_EVENTS_TOPIC,
     TOPIC_PARTITIONS,
     CommonSettings,
 )
-from services.core.db import EVENTS_CHANNEL, Database
+from services.core.db import ADMIN_EVENTS_CHANNEL, EVENTS_CHANNEL, Database
 from services.core.eventstore import event_from_row
-from services.core.kafka import Acked, Publisher, Refused, TopicWatch
+from services.core.kafka import Placed, Publisher, Refused, TopicWatch, create_topic
 from services.core.leadership import Leadership
 from services.core.runs import StoredEvent
 
@@ -142,10 +147,12 @@ class OutboxRelay:
         partitions: int = TOPIC_PARTITIONS,
         republish_window: float = REPUBLISH_WINDOW_SECONDS,
         watch_interval: float = WATCH_INTERVAL,
+        admin_topic: str = ADMIN_EVENTS_TOPIC,
     ) -> None:
         self.db = db
         self.bootstrap = bootstrap
         self.topic = topic
+        self.admin_topic = admin_topic
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.leadership = Leadership(
@@ -166,6 +173,7 @@ class OutboxRelay:
             topic=settings.topic,
             partitions=settings.topic_partitions,
             republish_window=settings.republish_window,
+            admin_topic=settings.admin_topic,
         )
 
     @property
@@ -178,6 +186,8 @@ class OutboxRelay:
 
     async def _lead(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+        await conn.execute(f"LISTEN {ADMIN_EVENTS_CHANNEL}")
+        await create_topic(self.bootstrap, self.admin_topic, self.partitions)
         async with (
             Publisher(self.bootstrap, self.topic) as publisher,
             TopicWatch(self.bootstrap, self.topic) as watch,
@@ -189,6 +199,7 @@ class OutboxRelay:
             watched = pruned = loop.time()
             while True:
                 published = await self.publish_once(conn, publisher)
+                published = max(published, await self.publish_admin_once(conn, publisher))
                 if self.log_went_back:
                     await self.republish(conn, watch, "an acknowledgement went back")
                 if loop.time() - watched >= self.watch_interval:
@@ -218,6 +229,7 @@ class OutboxRelay:
                 num_partitions=num_partitions,
                 expected=self.partitions,
             )
+        await create_topic(self.bootstrap, self.admin_topic, self.partitions)
         cursor = await conn.execute(_REPUBLISH)
         self.acks.forget()
         self.log_went_back = False
@@ -254,7 +266,10 @@ class OutboxRelay:
         result = await publisher.publish(events)
         outbox_ids = {(e.run_id, e.seq): i for i, e in zip(ids, events, strict=True)}
         refused_by_id = {outbox_ids[r.event.run_id, r.event.seq]: r for r in result.refused}
-        published = {outbox_ids[a.event.run_id, a.event.seq]: a for a in result.acked}
+        published = {
+            outbox_ids[a.event.run_id, a.event.seq]: Placed(a.partition, a.offset)
+            for a in result.acked
+        }
         await self.mark_published(conn, published)
         for acked in result.acked:
             self.log_went_back |= self.acks.acked(acked.partition, acked.offset)
@@ -265,6 +280,17 @@ class OutboxRelay:
         )
         return len(events)
 
+    async def publish_admin_once(self, conn: psycopg.AsyncConnection, publisher: Publisher) -> int:
+        """Publishes one batch of unpublished admin events; returns how many."""
+        batch = await fetch_admin_batch(conn, self.batch_size)
+        if not batch:
+            return 0
+        placed, refused = await publish_admin_batch(publisher, self.admin_topic, batch)
+        await self.mark_published(conn, placed)
+        self.refusals.forget(placed)
+        await drop_refused(conn, {i: e for i, e in refused.items() if self.refusals.refused(i)})
+        return len(batch)
+
     async def _fetch_batch(
         self, conn: psycopg.AsyncConnection
     ) -> tuple[list[int], list[StoredEvent]]:
@@ -274,7 +300,7 @@ class OutboxRelay:
         return [row["outbox_id"] for row in rows], [event_from_row(row) for row in rows]
 
     async def mark_published(
-        self, conn: psycopg.AsyncConnection, acked: Mapping[int, Acked]
+        self, conn: psycopg.AsyncConnection, acked: Mapping[int, Placed]
     ) -> None:
         """Keeps the rows (by id) of `acked` for the window with where the broker put them,
         or drops them at once without a window."""
@@ -345,9 +371,10 @@ _PRUNE = """
     DELETE FROM outbox
     WHERE published_at < clock_timestamp() - make_interval(secs => %s::float8)
 """
+# Of the run events' topic only: the admin events' offsets are another topic's.
 _HIGHEST = """
     SELECT kafka_partition, max(kafka_offset) FROM outbox
-    WHERE published_at IS NOT NULL GROUP BY kafka_partition
+    WHERE published_at IS NOT NULL AND run_id IS NOT NULL GROUP BY kafka_partition
 """
 
 

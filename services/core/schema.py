@@ -9,7 +9,7 @@ The schema itself changes only through the Alembic migrations in migrations/.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSON, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 
 metadata = sa.MetaData()
 
@@ -49,8 +49,10 @@ outbox = sa.Table(
     "outbox",
     metadata,
     sa.Column("id", sa.BigInteger, primary_key=True),
-    sa.Column("run_id", sa.Text, nullable=False),
-    sa.Column("seq", sa.BigInteger, nullable=False),
+    # A row names a run event (run_id, seq) or an admin event, never both.
+    sa.Column("run_id", sa.Text),
+    sa.Column("seq", sa.BigInteger),
+    sa.Column("admin_event_id", sa.Text),
     # Set once published; the row is kept for the relay's republish window.
     sa.Column("published_at", sa.DateTime(timezone=True)),
     sa.Column("kafka_partition", sa.Integer),
@@ -77,6 +79,26 @@ api_keys = sa.Table(
     sa.Column("secret_hash", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("revoked_at", sa.DateTime(timezone=True)),
+    sa.Column("alias", sa.Text, nullable=False),
+    sa.Column("allowed_models", ARRAY(sa.Text)),  # NULL: every model
+    sa.Column("expires_at", sa.DateTime(timezone=True)),
+    sa.Column("last_used_at", sa.DateTime(timezone=True)),
+    # The secret the last rotation replaced, and until when it still works.
+    sa.Column("previous_secret_hash", sa.Text),
+    sa.Column("previous_secret_expires_at", sa.DateTime(timezone=True)),
+)
+
+admin_events = sa.Table(
+    "admin_events",
+    metadata,
+    sa.Column("event_id", sa.Text, primary_key=True),
+    sa.Column("type", sa.Text, nullable=False),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("before", JSONB),
+    sa.Column("after", JSONB),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 kv_reservations = sa.Table(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from services.core.errors import FieldViolation
+from services.core.errors import FieldViolation, NotFound
 
 # Every id Tollgate issues (run_…, ten_…, hex key ids, entry ids "<run_id>:<type>") fits.
 MAX_ID_LENGTH = 128
@@ -27,6 +27,12 @@ NANOS_PER_SECOND = 1_000_000_000
 def is_identifier(value: str) -> bool:
     """Whether `value` could be an id Tollgate issued (anything else names nothing)."""
     return _ID.fullmatch(value) is not None
+
+
+def require_id(kind: str, value: str) -> None:
+    """Raises NotFound for what is not an id (it names nothing), before it reaches SQL."""
+    if not is_identifier(value):
+        raise NotFound(f"{kind} {shown(value)} does not exist")
 
 
 def shown(value: str) -> str:

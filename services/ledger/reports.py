@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from services.core import paging
 from services.core.auth import Principal
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from services.core.validation import is_identifier, shown
-from services.ledger import paging, repository
+from services.ledger import repository
 from services.ledger.pricing import BILLING_TYPES, LedgerEntry
 
 

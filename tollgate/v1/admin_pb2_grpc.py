@@ -64,6 +64,16 @@ class AdminServiceStub:
                 request_serializer=tollgate_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
                 response_deserializer=tollgate_dot_v1_dot_admin__pb2.Quota.FromString,
                 _registered_method=True)
+        self.ListApiKeys = channel.unary_unary(
+                '/tollgate.v1.AdminService/ListApiKeys',
+                request_serializer=tollgate_dot_v1_dot_admin__pb2.ListApiKeysRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_admin__pb2.ListApiKeysResponse.FromString,
+                _registered_method=True)
+        self.RotateApiKey = channel.unary_unary(
+                '/tollgate.v1.AdminService/RotateApiKey',
+                request_serializer=tollgate_dot_v1_dot_admin__pb2.RotateApiKeyRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_admin__pb2.ApiKey.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -106,6 +116,21 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListApiKeys(self, request, context):
+        """A tenant's keys, oldest first; never a secret.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateApiKey(self, request, context):
+        """A new secret for the same key (id, alias, scopes); the old one keeps working for
+        `overlap` (default 24 hours, at most 7 days), then is refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +163,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.SetQuota,
                     request_deserializer=tollgate_dot_v1_dot_admin__pb2.SetQuotaRequest.FromString,
                     response_serializer=tollgate_dot_v1_dot_admin__pb2.Quota.SerializeToString,
+            ),
+            'ListApiKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApiKeys,
+                    request_deserializer=tollgate_dot_v1_dot_admin__pb2.ListApiKeysRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_admin__pb2.ListApiKeysResponse.SerializeToString,
+            ),
+            'RotateApiKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateApiKey,
+                    request_deserializer=tollgate_dot_v1_dot_admin__pb2.RotateApiKeyRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_admin__pb2.ApiKey.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +337,60 @@ class AdminService:
             '/tollgate.v1.AdminService/SetQuota',
             tollgate_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
             tollgate_dot_v1_dot_admin__pb2.Quota.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApiKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.AdminService/ListApiKeys',
+            tollgate_dot_v1_dot_admin__pb2.ListApiKeysRequest.SerializeToString,
+            tollgate_dot_v1_dot_admin__pb2.ListApiKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateApiKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.AdminService/RotateApiKey',
+            tollgate_dot_v1_dot_admin__pb2.RotateApiKeyRequest.SerializeToString,
+            tollgate_dot_v1_dot_admin__pb2.ApiKey.FromString,
             options,
             channel_credentials,
             insecure,
