@@ -38,6 +38,7 @@ from tollgate.transport import (
 from tollgate.transport import open_channel as open_channel
 from tollgate.types import (
     ApiKey,
+    ApiKeyPage,
     LedgerEntry,
     LedgerEntryPage,
     Quota,
@@ -311,10 +312,41 @@ class AdminClient(_Base):
         response = self._unary(self._admin.ListTenants, admin_pb2.ListTenantsRequest())
         return [convert.tenant_of(t) for t in response.tenants]
 
-    def create_api_key(self, tenant_id: str) -> ApiKey:
-        """A new key for the tenant; its `secret` is returned this once and stored hashed."""
-        request = admin_pb2.CreateApiKeyRequest(tenant_id=tenant_id)
+    def create_api_key(
+        self,
+        tenant_id: str,
+        *,
+        allowed_models: Sequence[str] = (),
+        expire_time: datetime | None = None,
+        alias: str = "",
+    ) -> ApiKey:
+        """A new key for the tenant; its `secret` is returned this once and stored hashed.
+        `allowed_models` empty: every model; `expire_time` None: it never expires."""
+        request = admin_pb2.CreateApiKeyRequest(
+            tenant_id=tenant_id, allowed_models=allowed_models, alias=alias
+        )
+        if expire_time is not None:
+            request.expire_time.CopyFrom(convert.to_timestamp(expire_time))
         return convert.api_key_of(self._unary(self._admin.CreateApiKey, request))
+
+    def list_api_keys(
+        self, tenant_id: str, page_size: int = 50, page_token: str = ""
+    ) -> ApiKeyPage:
+        """One page of the tenant's keys, oldest first (never their secrets)."""
+        request = admin_pb2.ListApiKeysRequest(
+            tenant_id=tenant_id, page_size=page_size, page_token=page_token
+        )
+        response = self._unary(self._admin.ListApiKeys, request)
+        keys = tuple(convert.api_key_of(k) for k in response.api_keys)
+        return ApiKeyPage(api_keys=keys, next_page_token=response.next_page_token)
+
+    def rotate_api_key(self, key_id: str, overlap: float | None = None) -> ApiKey:
+        """A new secret for the key (returned this once); the old one keeps working for
+        `overlap` seconds (None: the server's default, 24 hours; at most 7 days)."""
+        request = admin_pb2.RotateApiKeyRequest(key_id=key_id)
+        if overlap is not None:
+            request.overlap.CopyFrom(convert.to_duration(overlap))
+        return convert.api_key_of(self._unary(self._admin.RotateApiKey, request))
 
     def revoke_api_key(self, key_id: str) -> ApiKey:
         request = admin_pb2.RevokeApiKeyRequest(key_id=key_id)

@@ -58,6 +58,12 @@ def to_timestamp(value: datetime) -> timestamp_pb2.Timestamp:
     return stamp
 
 
+def to_duration(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(int(seconds * 1e9))
+    return duration
+
+
 def usage_of(message: events_pb2.Usage) -> Usage:
     return Usage(
         prompt_tokens=message.prompt_tokens,
@@ -169,11 +175,20 @@ def tenant_of(message: admin_pb2.Tenant) -> Tenant:
 
 
 def api_key_of(message: admin_pb2.ApiKey) -> ApiKey:
+    def time(name: str) -> datetime | None:
+        return to_datetime(getattr(message, name), message.HasField(name))
+
     return ApiKey(
         key_id=message.key_id,
         tenant_id=message.tenant_id,
         revoked=message.revoked,
         secret=message.secret,
+        allowed_models=tuple(message.allowed_models),
+        expire_time=time("expire_time"),
+        alias=message.alias,
+        last_used_time=time("last_used_time"),
+        create_time=time("create_time"),
+        previous_secret_expire_time=time("previous_secret_expire_time"),
     )
 
 
@@ -245,9 +260,7 @@ def generate_request(
         until_terminal=until_terminal,
     )
     if disconnect_grace is not None:
-        grace = duration_pb2.Duration()
-        grace.FromNanoseconds(int(disconnect_grace * 1e9))
-        request.disconnect_grace.CopyFrom(grace)
+        request.disconnect_grace.CopyFrom(to_duration(disconnect_grace))
     return request
 
 

@@ -170,13 +170,28 @@ class Tenant:
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
-    """An API key; `secret` is set only in the answer to create_api_key."""
+    """An API key; `secret` is set only in the answers to create_api_key and rotate_api_key.
+
+    `allowed_models` empty: every model; `expire_time` None: never expires;
+    `previous_secret_expire_time`: until when the secret the last rotation replaced works."""
 
     key_id: str
     tenant_id: str
     revoked: bool
     # Kept out of repr so that logging the value never leaks the key.
     secret: str = field(default="", repr=False)
+    allowed_models: tuple[str, ...] = ()
+    expire_time: datetime | None = None
+    alias: str = ""
+    last_used_time: datetime | None = None
+    create_time: datetime | None = None
+    previous_secret_expire_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyPage:
+    api_keys: tuple[ApiKey, ...]
+    next_page_token: str
 
 
 @dataclass(frozen=True, slots=True)

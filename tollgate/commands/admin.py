@@ -1,15 +1,15 @@
-"""`tollgate admin tenants | keys | quota`: tenant administration with the admin token."""
+"""`tollgate admin tenants | keys | quota`: tenant administration with the admin token
+(keys: admin_keys.py)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from tollgate.client import AdminClient
-from tollgate.commands.connection import connection_flags, reports_errors, resolve
+from tollgate.commands import admin_keys
+from tollgate.commands.connection import admin_client, connection_flags, reports_errors
 from tollgate.commands.output import json_line, key_values, plain, tenants_table
-from tollgate.types import ApiKey, Quota, Tenant
+from tollgate.types import Quota, Tenant
 
 
 def register(subparsers: Any) -> None:
@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
     admin = subparsers.add_parser("admin", help="tenants, API keys and quotas (admin token)")
     areas = admin.add_subparsers(dest="admin_area", metavar="AREA", required=True)
     _register_tenants(areas, flags)
-    _register_keys(areas, flags)
+    admin_keys.register(areas, flags)
     _register_quota(areas, flags)
 
 
@@ -39,19 +39,6 @@ def _register_tenants(areas: Any, flags: argparse.ArgumentParser) -> None:
     listing.set_defaults(func=list_tenants_command)
 
 
-def _register_keys(areas: Any, flags: argparse.ArgumentParser) -> None:
-    keys = areas.add_parser("keys", help="create and revoke API keys")
-    commands = keys.add_subparsers(dest="keys_command", metavar="COMMAND", required=True)
-    create = commands.add_parser("create", parents=[flags], help="a new key (shown once)")
-    create.add_argument("tenant_id")
-    create.add_argument("--json", action="store_true")
-    create.set_defaults(func=create_key_command)
-    revoke = commands.add_parser("revoke", parents=[flags], help="revoke a key")
-    revoke.add_argument("key_id")
-    revoke.add_argument("--json", action="store_true")
-    revoke.set_defaults(func=revoke_key_command)
-
-
 def _register_quota(areas: Any, flags: argparse.ArgumentParser) -> None:
     quota = areas.add_parser("quota", help="tenant limits")
     commands = quota.add_subparsers(dest="quota_command", metavar="COMMAND", required=True)
@@ -65,14 +52,7 @@ def _register_quota(areas: Any, flags: argparse.ArgumentParser) -> None:
     set_.set_defaults(func=set_quota_command)
 
 
-def _admin(args: argparse.Namespace) -> AdminClient:
-    connection = resolve(args)
-    return AdminClient(
-        connection.require_gateway(),
-        connection.require_admin_token(),
-        ledger_address=connection.ledger,
-        timeout=connection.timeout,
-    )
+_admin = admin_client
 
 
 def _tenant_text(tenant: Tenant) -> str:
@@ -85,12 +65,6 @@ def _tenant_text(tenant: Tenant) -> str:
             ("max_kv_blocks", str(quota.max_kv_blocks or "unlimited")),
             ("max_concurrent_runs", str(quota.max_concurrent_runs or "unlimited")),
         ]
-    )
-
-
-def _key_text(key: ApiKey) -> str:
-    return key_values(
-        [("key_id", key.key_id), ("tenant_id", key.tenant_id), ("revoked", str(key.revoked))]
     )
 
 
@@ -119,28 +93,6 @@ def list_tenants_command(args: argparse.Namespace) -> int:
             print(json_line(plain(tenant)))
     else:
         print(tenants_table(tenants))
-    return 0
-
-
-@reports_errors
-def create_key_command(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        key = admin.create_api_key(args.tenant_id)
-    # The one place a secret is printed: it cannot be read back later.
-    if args.json:
-        print(json_line({**plain(key), "secret": key.secret}))
-    else:
-        print(_key_text(key))
-        print(f"secret:    {key.secret}")
-    print("note: the secret is shown only once; store it now.", file=sys.stderr)
-    return 0
-
-
-@reports_errors
-def revoke_key_command(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        key = admin.revoke_api_key(args.key_id)
-    print(json_line(plain(key)) if args.json else _key_text(key))
     return 0
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tollgate.client import Client
+from tollgate.client import AdminClient, Client
 from tollgate.errors import TollgateError
 
 DEFAULT_STACK_FILE = Path(".tollgate/stack/stack.json")
@@ -108,6 +108,17 @@ def tenant_client(connection: Connection) -> Client:
     """A gateway client with the tenant's API key."""
     return Client(
         connection.require_gateway(), connection.require_api_key(), timeout=connection.timeout
+    )
+
+
+def admin_client(args: argparse.Namespace) -> AdminClient:
+    """An admin client with the admin token, as the command line names them."""
+    connection = resolve(args)
+    return AdminClient(
+        connection.require_gateway(),
+        connection.require_admin_token(),
+        ledger_address=connection.ledger,
+        timeout=connection.timeout,
     )
 
 

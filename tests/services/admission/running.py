@@ -40,6 +40,8 @@ class Admission:
     store: EventStore
     db: Database
     tenants: TenantRepository
+    core: Gateway
+    admin_topic: str
 
     async def new_tenant_key(self, name: str) -> tuple[str, str]:
         tenant = await self.tenants.create(name, 1)
@@ -59,7 +61,9 @@ async def running_admission(
     model_dir: Path,
     lease: float = LEASE_SECONDS,
 ) -> AsyncIterator[Admission]:
-    """GatewayService and AdminService on a free loopback port, with the feed and a relay."""
+    """GatewayService and AdminService on a free loopback port, with the feed and a relay
+    (publishing admin events to `<kafka_topic>.admin`)."""
+    admin_topic = f"{kafka_topic}.admin"
     db = open_db(database_url)
     store = EventStore(db)
     feed = RunFeed(database_url)
@@ -81,7 +85,9 @@ async def running_admission(
     tasks = [
         asyncio.create_task(feed.run()),
         asyncio.create_task(gateway.run()),
-        asyncio.create_task(OutboxRelay(db, kafka_bootstrap, topic=kafka_topic).run()),
+        asyncio.create_task(
+            OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, admin_topic=admin_topic).run()
+        ),
     ]
     await asyncio.wait_for(feed.listening.wait(), 20)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -96,6 +102,8 @@ async def running_admission(
             # Tenants the tests make run as many runs at once as they like, unless a test
             # sets a quota; the admin API's tenants start with the default.
             TenantRepository(db, default_max_concurrent_runs=0),
+            gateway,
+            admin_topic,
         )
     finally:
         await channel.close()

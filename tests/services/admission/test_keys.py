@@ -1,0 +1,228 @@
+import asyncio
+import http.client
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from services.admission.http_app import create_app
+from services.admission.http_server import HttpServer
+from tests.services.admission.calls import first_event, request
+from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
+from tollgate.v1 import admin_pb2, gateway_pb2
+
+ADMIN = auth(ADMIN_TOKEN)
+
+
+async def new_tenant(admission: Admission, name: str = "acme") -> str:
+    tenant = await admission.admin.CreateTenant(
+        admin_pb2.CreateTenantRequest(name=name), metadata=ADMIN
+    )
+    return tenant.tenant_id
+
+
+async def create_key(admission: Admission, tenant_id: str, **fields: Any) -> admin_pb2.ApiKey:
+    request = admin_pb2.CreateApiKeyRequest(tenant_id=tenant_id, **fields)
+    return await admission.admin.CreateApiKey(request, metadata=ADMIN)
+
+
+async def refusal(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
+async def list_runs_with(admission: Admission, secret: str) -> Any:
+    return await admission.gateway.ListRuns(gateway_pb2.ListRunsRequest(), metadata=auth(secret))
+
+
+def error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    raise AssertionError("no ErrorInfo")
+
+
+async def test_a_key_runs_only_its_allowed_models(admission: Admission) -> None:
+    tenant_id = await new_tenant(admission)
+    key = await create_key(admission, tenant_id, allowed_models=[MODEL], alias="ci bot")
+    assert list(key.allowed_models) == [MODEL] and key.alias == "ci bot"
+    queued = await first_event(admission, key.secret, request())
+    assert queued.WhichOneof("kind") == "queued"
+    call = admission.gateway.Generate(request(model="other"), metadata=auth(key.secret))
+    error = await refusal(call.read())
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "model" in (error.details() or "")
+    info = error_info(error)
+    assert info.reason == "MODEL_NOT_ALLOWED" and info.metadata["field"] == "model"
+    unscoped = await create_key(admission, tenant_id)
+    call = admission.gateway.Generate(request(model="other"), metadata=auth(unscoped.secret))
+    error = await refusal(call.read())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # unknown model, not a scope
+
+
+async def test_an_expired_key_is_unauthenticated_without_its_secret(admission: Admission) -> None:
+    tenant_id = await new_tenant(admission)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    key = await create_key(admission, tenant_id, expire_time=_stamp(later))
+    assert key.expire_time.ToDatetime(tzinfo=UTC) == later
+    await list_runs_with(admission, key.secret)
+    async with admission.db.begin() as conn:
+        await conn.execute(
+            sa.text("UPDATE api_keys SET expires_at = now() - interval '1 second'")
+        )
+    error = await refusal(list_runs_with(admission, key.secret))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    details = error.details() or ""
+    assert "expired" in details and key.key_id in details and key.secret not in details
+
+
+async def test_a_key_cannot_be_born_expired_nor_with_a_bad_scope(admission: Admission) -> None:
+    tenant_id = await new_tenant(admission)
+    earlier = datetime.now(UTC) - timedelta(seconds=1)
+    for fields, field in (
+        ({"expire_time": _stamp(earlier)}, "expire_time"),
+        ({"alias": "a\x07b"}, "alias"),
+        ({"alias": "x" * 101}, "alias"),
+        ({"allowed_models": [""]}, "allowed_models[0]"),
+    ):
+        error = await refusal(create_key(admission, tenant_id, **fields))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in (error.details() or "")
+
+
+async def test_list_pages_a_tenants_keys_without_secrets(admission: Admission) -> None:
+    tenant_id, other_id = await new_tenant(admission), await new_tenant(admission, "other")
+    made = [await create_key(admission, tenant_id, alias=f"k{n}") for n in range(3)]
+    await create_key(admission, other_id)
+    listing = admin_pb2.ListApiKeysRequest(tenant_id=tenant_id, page_size=2)
+    first = await admission.admin.ListApiKeys(listing, metadata=ADMIN)
+    assert len(first.api_keys) == 2 and first.next_page_token
+    listing.page_token = first.next_page_token
+    second = await admission.admin.ListApiKeys(listing, metadata=ADMIN)
+    assert second.next_page_token == ""
+    listed = [*first.api_keys, *second.api_keys]
+    assert [k.key_id for k in listed] == [k.key_id for k in made]
+    assert [k.alias for k in listed] == ["k0", "k1", "k2"]
+    assert all(k.secret == "" and k.HasField("create_time") for k in listed)
+    for key in made:
+        assert key.secret.split("_")[-1] not in str(listed)
+    listing.tenant_id = other_id
+    error = await refusal(admission.admin.ListApiKeys(listing, metadata=ADMIN))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in (
+        error.details() or ""
+    )
+
+
+async def test_rotation_keeps_the_old_secret_for_the_overlap_only(admission: Admission) -> None:
+    tenant_id = await new_tenant(admission)
+    key = await create_key(admission, tenant_id, allowed_models=[MODEL], alias="svc")
+    overlap = duration_pb2.Duration(nanos=600_000_000)
+    rotated = await admission.admin.RotateApiKey(
+        admin_pb2.RotateApiKeyRequest(key_id=key.key_id, overlap=overlap), metadata=ADMIN
+    )
+    assert rotated.key_id == key.key_id and rotated.secret not in ("", key.secret)
+    assert list(rotated.allowed_models) == [MODEL] and rotated.alias == "svc"
+    assert rotated.HasField("previous_secret_expire_time")
+    await list_runs_with(admission, rotated.secret)
+    await list_runs_with(admission, key.secret)  # within the overlap
+    await asyncio.sleep(0.8)
+    error = await refusal(list_runs_with(admission, key.secret))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    await list_runs_with(admission, rotated.secret)
+    at_once = await admission.admin.RotateApiKey(
+        admin_pb2.RotateApiKeyRequest(key_id=key.key_id, overlap=duration_pb2.Duration()),
+        metadata=ADMIN,
+    )
+    error = await refusal(list_runs_with(admission, rotated.secret))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    await list_runs_with(admission, at_once.secret)
+
+
+async def test_rotation_refuses_a_revoked_key_and_an_unbounded_overlap(
+    admission: Admission,
+) -> None:
+    tenant_id = await new_tenant(admission)
+    key = await create_key(admission, tenant_id)
+    week_and_a_bit = duration_pb2.Duration(seconds=7 * 86400 + 1)
+    error = await refusal(
+        admission.admin.RotateApiKey(
+            admin_pb2.RotateApiKeyRequest(key_id=key.key_id, overlap=week_and_a_bit),
+            metadata=ADMIN,
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "overlap" in (
+        error.details() or ""
+    )
+    await admission.admin.RevokeApiKey(
+        admin_pb2.RevokeApiKeyRequest(key_id=key.key_id), metadata=ADMIN
+    )
+    error = await refusal(
+        admission.admin.RotateApiKey(
+            admin_pb2.RotateApiKeyRequest(key_id=key.key_id), metadata=ADMIN
+        )
+    )
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    error = await refusal(
+        admission.admin.RotateApiKey(admin_pb2.RotateApiKeyRequest(key_id="nope"), metadata=ADMIN)
+    )
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_http_api_answers_403_for_a_model_and_401_for_an_expired_key(
+    admission: Admission,
+) -> None:
+    tenant_id = await new_tenant(admission)
+    key = await create_key(admission, tenant_id, allowed_models=["someone-elses"])
+    server = HttpServer(create_app(admission.core), "127.0.0.1:0")
+    task = asyncio.create_task(server.run())
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        status, answer = await asyncio.to_thread(_post, server.url, key.secret, body)
+        assert status == 403 and answer["error"]["param"] == "model"
+        status, models = await asyncio.to_thread(_get, server.url, key.secret, "/v1/models")
+        assert status == 200 and models["data"] == []
+        async with admission.db.begin() as conn:
+            await conn.execute(sa.text("UPDATE api_keys SET expires_at = now()"))
+        status, answer = await asyncio.to_thread(_post, server.url, key.secret, body)
+        assert status == 401 and "expired" in answer["error"]["message"]
+        assert key.secret not in json.dumps(answer)
+    finally:
+        await server.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _stamp(moment: datetime) -> Any:
+    from google.protobuf import timestamp_pb2
+
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def _post(url: str, key: str, body: dict[str, Any]) -> tuple[int, Any]:
+    return _call(url, key, "POST", "/v1/chat/completions", json.dumps(body))
+
+
+def _get(url: str, key: str, path: str) -> tuple[int, Any]:
+    return _call(url, key, "GET", path, None)
+
+
+def _call(url: str, key: str, method: str, path: str, body: str | None) -> tuple[int, Any]:
+    host = url.removeprefix("http://")
+    conn = http.client.HTTPConnection(host, timeout=30)
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
