@@ -306,11 +306,35 @@ class FakeAdmin(admin_pb2_grpc.AdminServiceServicer):
     @rpc_errors
     async def CreateApiKey(self, request: Any, context: Any) -> admin_pb2.ApiKey:
         """The secret is in this answer only."""
+        self.calls.append(("CreateApiKey", request, dict(context.invocation_metadata())))
         self._tenant(request.tenant_id)
         n = len(self.keys) + 1
-        key = admin_pb2.ApiKey(key_id=f"k-{n}", tenant_id=request.tenant_id)
+        key = admin_pb2.ApiKey(
+            key_id=f"k-{n}", tenant_id=request.tenant_id, alias=request.alias,
+            allowed_models=request.allowed_models, expire_time=request.expire_time,
+        )  # fmt: skip
         self.keys[key.key_id] = key
-        return admin_pb2.ApiKey(key_id=key.key_id, tenant_id=key.tenant_id, secret=f"tg_secret_{n}")
+        answer = admin_pb2.ApiKey(secret=f"tg_secret_{n}")
+        answer.MergeFrom(key)
+        return answer
+
+    @rpc_errors
+    async def ListApiKeys(self, request: Any, context: Any) -> admin_pb2.ListApiKeysResponse:
+        """Pages of one key, to be followed to the end."""
+        keys = [k for k in self.keys.values() if k.tenant_id == request.tenant_id]
+        start = int(request.page_token or 0)
+        more = str(start + 1) if start + 1 < len(keys) else ""
+        return admin_pb2.ListApiKeysResponse(api_keys=keys[start : start + 1], next_page_token=more)
+
+    @rpc_errors
+    async def RotateApiKey(self, request: Any, context: Any) -> admin_pb2.ApiKey:
+        self.calls.append(("RotateApiKey", request, dict(context.invocation_metadata())))
+        if request.key_id not in self.keys:
+            raise NotFound(f"API key {request.key_id} does not exist")
+        answer = admin_pb2.ApiKey(secret=f"tg_rotated_{request.key_id}")
+        answer.MergeFrom(self.keys[request.key_id])
+        answer.previous_secret_expire_time.GetCurrentTime()
+        return answer
 
     @rpc_errors
     async def RevokeApiKey(self, request: Any, context: Any) -> admin_pb2.ApiKey:

@@ -111,6 +111,37 @@ class AdminContractTests:
         assert (revoked.key_id, revoked.tenant_id) == (first.key_id, tenant.tenant_id)
         assert revoked.revoked and revoked.secret == ""
 
+    async def test_keys_list_without_secrets_and_rotate_under_their_id(
+        self, admin: admin_pb2_grpc.AdminServiceStub
+    ) -> None:
+        tenant = await admin.CreateTenant(
+            admin_pb2.CreateTenantRequest(name=unique("scoped")), metadata=ADMIN
+        )
+        request = admin_pb2.CreateApiKeyRequest(
+            tenant_id=tenant.tenant_id, alias="svc", allowed_models=["m"]
+        )
+        made = [await admin.CreateApiKey(request, metadata=ADMIN) for _ in range(2)]
+        listed, token = [], ""
+        while True:
+            page = await admin.ListApiKeys(
+                admin_pb2.ListApiKeysRequest(
+                    tenant_id=tenant.tenant_id, page_size=1, page_token=token
+                ),
+                metadata=ADMIN,
+            )
+            listed += page.api_keys
+            token = page.next_page_token
+            if not token:
+                break
+        assert [k.key_id for k in listed] == [k.key_id for k in made]
+        assert all(k.secret == "" and k.alias == "svc" for k in listed)
+        assert all(list(k.allowed_models) == ["m"] for k in listed)
+        rotated = await admin.RotateApiKey(
+            admin_pb2.RotateApiKeyRequest(key_id=made[0].key_id), metadata=ADMIN
+        )
+        assert rotated.key_id == made[0].key_id and rotated.secret not in ("", made[0].secret)
+        assert rotated.alias == "svc" and rotated.HasField("previous_secret_expire_time")
+
     async def test_a_quota_reads_back_as_set(self, admin: admin_pb2_grpc.AdminServiceStub) -> None:
         tenant = await admin.CreateTenant(
             admin_pb2.CreateTenantRequest(name=unique("quota")), metadata=ADMIN

@@ -1,10 +1,12 @@
 """The client commands of `tollgate` against the fake server: parsing, output, exit status."""
 
+import argparse
 import asyncio
 import io
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from services.core.errors import FieldViolation, InvalidArgument
 from tests.tollgate.fake_gateway import FakeServer, script
 from tollgate.cli import main
+from tollgate.commands.admin_keys import moment, seconds
 from tollgate.commands.connection import resolve
 from tollgate.commands.output import money
 
@@ -318,6 +321,51 @@ async def test_admin_commands(
         capsys, "admin", "quota", "set", "t-1", "--max-concurrent-runs", "2", *args
     )
     assert out == "tenant t-1: max_kv_blocks=64 max_concurrent_runs=2\n"
+
+
+async def test_admin_keys_commands(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = stack_args(stack)
+    await tollgate(capsys, "admin", "tenants", "create", "acme", *args)
+    code, out, err = await tollgate(
+        capsys, "admin", "keys", "create", "t-1", "--model", "m1", "--model", "m2",
+        "--expires", "2030-01-31T12:00:00Z", "--alias", "ci bot", "--json", *args,
+    )  # fmt: skip
+    assert code == 0 and "shown only once" in err
+    created = json.loads(out)
+    assert created["secret"] == "tg_secret_1" and created["allowed_models"] == ["m1", "m2"]
+    sent = [r for name, r, _ in fake.admin.calls if name == "CreateApiKey"][0]
+    assert sent.alias == "ci bot" and sent.expire_time.seconds == 1_896_091_200
+    await tollgate(capsys, "admin", "keys", "create", "t-1", "--expires", "30d", *args)
+    code, out, _ = await tollgate(capsys, "admin", "keys", "list", "t-1", *args)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and "tg_secret" not in out
+    assert lines[1].split()[:4] == ["k-1", "ci", "bot", "m1,m2"]
+    assert lines[2].split()[1] == "*"
+    code, out, _ = await tollgate(capsys, "admin", "keys", "list", "t-1", "--json", *args)
+    assert [json.loads(line)["key_id"] for line in out.splitlines()] == ["k-1", "k-2"]
+    assert all("secret" not in json.loads(line) for line in out.splitlines())
+    code, out, err = await tollgate(
+        capsys, "admin", "keys", "rotate", "k-1", "--overlap", "90m", *args
+    )
+    assert code == 0 and "tg_rotated_k-1" in out and "old secret works until" in err
+    rotate = [r for name, r, _ in fake.admin.calls if name == "RotateApiKey"][0]
+    assert rotate.overlap.seconds == 5400
+    code, _, err = await tollgate(
+        capsys, "admin", "keys", "rotate", "k-1", "--overlap", "soon", *args
+    )
+    assert code == 2 and "not a duration" in err
+
+
+def test_key_times_read_from_the_command_line() -> None:
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    assert moment("12h", now) == now + timedelta(hours=12)
+    assert moment("2030-02-01", now) == datetime(2030, 2, 1, tzinfo=UTC)
+    assert moment("2030-02-01T00:00:00+01:00", now).utcoffset() == timedelta(hours=1)
+    assert (seconds("90"), seconds("1.5m"), seconds("7d")) == (90, 90, 7 * 86400)
+    with pytest.raises(argparse.ArgumentTypeError):
+        moment("next week", now)
 
 
 async def test_secrets_never_reach_the_output(

@@ -78,9 +78,7 @@ async def test_an_expired_key_is_unauthenticated_without_its_secret(admission: A
     assert key.expire_time.ToDatetime(tzinfo=UTC) == later
     await list_runs_with(admission, key.secret)
     async with admission.db.begin() as conn:
-        await conn.execute(
-            sa.text("UPDATE api_keys SET expires_at = now() - interval '1 second'")
-        )
+        await conn.execute(sa.text("UPDATE api_keys SET expires_at = now() - interval '1 second'"))
     error = await refusal(list_runs_with(admission, key.secret))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     details = error.details() or ""
@@ -161,9 +159,7 @@ async def test_rotation_refuses_a_revoked_key_and_an_unbounded_overlap(
             metadata=ADMIN,
         )
     )
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "overlap" in (
-        error.details() or ""
-    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "overlap" in (error.details() or "")
     await admission.admin.RevokeApiKey(
         admin_pb2.RevokeApiKeyRequest(key_id=key.key_id), metadata=ADMIN
     )
