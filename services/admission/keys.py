@@ -85,9 +85,9 @@ def scope_violations(scopes: KeyScopes, now: datetime) -> list[FieldViolation]:
     return violations
 
 
-def overlap_violation(seconds: float | None) -> FieldViolation | None:
-    """None for an overlap RotateApiKey takes (None: it was not given)."""
-    if seconds is None or 0 <= seconds <= MAX_OVERLAP_SECONDS:
+def overlap_violation(seconds: float) -> FieldViolation | None:
+    """None for an overlap RotateApiKey takes."""
+    if 0 <= seconds <= MAX_OVERLAP_SECONDS:
         return None
     return FieldViolation("overlap", f"must be from 0 to {MAX_OVERLAP_SECONDS:.0f} seconds")
 
