@@ -1,4 +1,4 @@
-"""Migration 0010: keys made before it keep working with every scope; the outbox takes
+"""Migration 0009: keys made before it keep working with every scope; the outbox takes
 admin events beside run events, each row naming exactly one; downgrade takes it away."""
 
 from __future__ import annotations

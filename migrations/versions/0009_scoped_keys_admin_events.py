@@ -8,7 +8,7 @@ batches) and the secret a rotation replaced, with until when it still works.
 the same transaction, has the relay publish it to `tollgate.admin-events.v1`. An outbox
 row now names either a run event (`run_id`, `seq`) or an admin event (`admin_event_id`).
 
-Revision ID: 0010
+Revision ID: 0009
 Revises: 0008
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-revision = "0010"
+revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
