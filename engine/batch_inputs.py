@@ -32,6 +32,7 @@ class BatchInputs:
     attention: AttentionMetadata
     logits_indices: torch.Tensor  # [N] rows of the hidden states to sample from
     sampled: tuple[ScheduledChunk, ...]  # the chunk each sampled row belongs to
+    adapter_slots: torch.Tensor | None = None  # [T]; None when every row is the base model's
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,14 @@ def build_inputs(
         attention=meta,
         logits_indices=ends[sampled_rows],
         sampled=tuple(order[i] for i in sampled_rows),
+        adapter_slots=_adapter_slots(order),
     )
+
+
+def _adapter_slots(order: list[ScheduledChunk]) -> torch.Tensor | None:
+    if all(c.seq.adapter_slot == 0 for c in order):
+        return None
+    return torch.tensor([c.seq.adapter_slot for c in order for _ in range(c.num_tokens)])
 
 
 def _slot(block_table: list[int], position: int, block_size: int) -> int:

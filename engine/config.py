@@ -63,6 +63,7 @@ class EngineConfig:
     `quantization="int8"` stores the linear layers' weights as int8 with one scale per
     output channel (embeddings and norms stay in `dtype`). `kv_dtype` is the KV cache's
     storage dtype; "auto" is the model's dtype. Attention still computes in the model's dtype.
+    A request names one of `adapters` (or none, for the base model).
     """
 
     block_size: int = 16
@@ -73,7 +74,8 @@ class EngineConfig:
     max_model_len: int | None = None
     dtype: str = "float32"
     enable_prefix_caching: bool = True
-    adapter_fingerprint: str = ""
+    # LoRA adapters served beside the base model: (model name, PEFT directory).
+    adapters: tuple[tuple[str, str], ...] = ()
     num_threads: int | None = None
     seed: int = 0
     quantization: str | None = None
@@ -89,6 +91,9 @@ class EngineConfig:
                 f"quantization {self.quantization!r} is not supported "
                 f"(supported: None, {', '.join(map(repr, QUANTIZATIONS))})"
             )
+        names = [name for name, _ in self.adapters]
+        if len(set(names)) != len(names) or "" in names:
+            raise ValueError("adapter names must be unique and not empty")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(
                 f"kv_dtype {self.kv_dtype!r} is not supported "

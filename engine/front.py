@@ -73,9 +73,11 @@ class EngineFront(ABC):
         *,
         cache_namespace: str = "",
         priority: Priority | str = Priority.INTERACTIVE,
+        adapter: str = "",
     ) -> RequestStream:
         """Queue a request and return its output stream; raises RequestError at once if
-        invalid, EngineClosedError once the engine is shut down."""
+        invalid, EngineClosedError once the engine is shut down. `adapter` names one of
+        the engine's LoRA adapters; "" is the base model."""
 
     @abstractmethod
     def abort(self, request_id: str) -> None:

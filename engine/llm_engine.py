@@ -12,12 +12,14 @@ from pathlib import Path
 
 import torch
 
+from engine.adapters import LoraAdapter, load_adapter
 from engine.batcher import Batcher
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.errors import RequestError
 from engine.layers.linear import pack_linear_layers
+from engine.layers.lora import attach_adapters
 from engine.layers.quantized import quantize_int8
 from engine.loader import DTYPES, load_model, load_model_config, load_tokenizer, resolve_dtype
 from engine.model_files import model_fingerprint
@@ -79,6 +81,8 @@ class LLMEngine:
     `ProcessEngine` runs it in a child process for asyncio code.
     With `config.quantization` set, the model's linear layers are quantized in place; the
     fp32 ones left are packed for their matrix multiply (`pack_linear_layers`).
+    `adapters` are LoRA adapters of the model that a request may name; each request runs
+    the base model plus its own adapter, in the same batch as the others.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class LLMEngine:
         config: EngineConfig | None = None,
         *,
         model_fingerprint: str = "",
+        adapters: Seq[LoraAdapter] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         config = config or EngineConfig()
@@ -101,6 +106,11 @@ class LLMEngine:
         if config.quantization == "int8":
             quantize_int8(model)
         pack_linear_layers(model)
+        lora = attach_adapters(model, adapters) if adapters else None
+        # adapter name -> (slot, fingerprint); "" is the base model.
+        self.adapters = {"": (0, "")} | {
+            a.name: (slot, a.fingerprint) for slot, a in enumerate(adapters, start=1)
+        }
         dtype = next(model.parameters()).dtype
         kv_dtype = dtype if config.kv_dtype == "auto" else DTYPES[config.kv_dtype]
         self.kv_dtype = str(kv_dtype).removeprefix("torch.")
@@ -118,7 +128,7 @@ class LLMEngine:
             min(config.max_num_seqs, config.max_num_batched_tokens),
             watermark_blocks=max(1, num_blocks // 100),
         )
-        self.runner = ModelRunner(model, config.block_size, num_blocks, dtype, kv_dtype)
+        self.runner = ModelRunner(model, config.block_size, num_blocks, dtype, kv_dtype, lora)
         self.limits = RequestLimits(
             self.model_config.vocab_size, self.max_model_len, num_blocks, config.block_size
         )
@@ -145,8 +155,16 @@ class LLMEngine:
         model = load_model(
             model_dir, model_config, config.block_size, resolve_dtype(config.dtype, model_config)
         )
+        adapters = [load_adapter(name, path, model) for name, path in config.adapters]
         fingerprint = model_fingerprint(Path(model_dir))
-        return cls(model, tokenizer, config, model_fingerprint=fingerprint, clock=clock)
+        return cls(
+            model,
+            tokenizer,
+            config,
+            model_fingerprint=fingerprint,
+            adapters=adapters,
+            clock=clock,
+        )
 
     @property
     def num_total_blocks(self) -> int:
@@ -167,14 +185,21 @@ class LLMEngine:
         *,
         cache_namespace: str = "",
         priority: Priority | str = Priority.INTERACTIVE,
+        adapter: str = "",
     ) -> None:
         """Queue a request; `prompt` is text (tokenized with special tokens) or token ids.
 
         `cache_namespace` is the security domain: prefix-cache blocks are shared only
-        between requests of the same namespace. Raises RequestError when invalid.
+        between requests of the same namespace (and the same `adapter`, "" for the base
+        model). Raises RequestError when invalid.
         """
         request = self._prepare(
-            request_id, prompt, params, cache_namespace=cache_namespace, priority=priority
+            request_id,
+            prompt,
+            params,
+            cache_namespace=cache_namespace,
+            priority=priority,
+            adapter=adapter,
         )
         self._requests[request_id] = request
         self.batcher.add(request.seq)
@@ -187,11 +212,15 @@ class LLMEngine:
         *,
         cache_namespace: str,
         priority: Priority | str,
+        adapter: str = "",
     ) -> PreparedRequest:
         """Validate and tokenize the request, and give it its sequence and sampler state."""
         params = params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        if adapter not in self.adapters:
+            raise RequestError(f"adapter {adapter!r} is not loaded")
+        slot, adapter_fingerprint = self.adapters[adapter]
         token_ids = (
             self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         )
@@ -202,8 +231,9 @@ class LLMEngine:
             params,
             priority=Priority.parse(priority),
             arrival_index=next(self._arrivals),
-            cache_root=self._cache_root(cache_namespace),
+            cache_root=self._cache_root(cache_namespace, adapter_fingerprint),
             arrival_time=self._clock(),
+            adapter_slot=slot,
         )
         eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
         seed = params.seed if params.seed is not None else self._seeds.randrange(1 << 63)
@@ -309,13 +339,13 @@ class LLMEngine:
         self.batcher.finish(request.seq)
         del self._requests[request.seq.request_id]
 
-    def _cache_root(self, namespace: str) -> bytes:
+    def _cache_root(self, namespace: str, adapter_fingerprint: str) -> bytes:
         key = PrefixKey(
             namespace=namespace,
             model_fingerprint=self.model_fingerprint,
             tokenizer_fingerprint=self.tokenizer.fingerprint,
             template_fingerprint=self.tokenizer.template_fingerprint,
-            adapter_fingerprint=self.config.adapter_fingerprint,
+            adapter_fingerprint=adapter_fingerprint,
             kv_dtype=self.kv_dtype,
             block_size=self.config.block_size,
             quantization=self.config.quantization or "",

@@ -11,6 +11,7 @@ from engine.batch_inputs import AttentionShape, build_inputs
 from engine.batcher import StepPlan
 from engine.config import ModelConfig
 from engine.layers import native
+from engine.layers.lora import LoraBatch
 from engine.layers.paged_attention import Workspace
 from engine.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
@@ -31,10 +32,13 @@ class ModelRunner:
         num_blocks: int,
         dtype: torch.dtype,
         kv_dtype: torch.dtype | None = None,
+        lora: LoraBatch | None = None,
     ) -> None:
-        """`dtype` is the model's; the KV cache stores `kv_dtype` (default: `dtype`)."""
+        """`dtype` is the model's; the KV cache stores `kv_dtype` (default: `dtype`).
+        `lora` is told each step which rows belong to which adapter."""
         cfg = model.config
         self.model = model
+        self.lora = lora
         self.shape = AttentionShape(block_size, cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads)
         slots = num_blocks * block_size
         # One tensor per layer: [2 (keys, values), KVH, slots, D].
@@ -59,6 +63,8 @@ class ModelRunner:
         inputs = build_inputs(
             plan, self.shape, self.workspace, self.decode_kernel, self.prefill_kernel
         )
+        if self.lora is not None:
+            self.lora.set_step(inputs.adapter_slots, inputs.logits_indices)
         hidden = self.model(
             inputs.input_ids,
             inputs.positions,

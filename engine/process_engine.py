@@ -116,6 +116,7 @@ class ProcessEngine(EngineFront):
         *,
         cache_namespace: str = "",
         priority: Priority | str = Priority.INTERACTIVE,
+        adapter: str = "",
     ) -> RequestStream:
         """Queue a request and return its output stream; raises RequestError at once if invalid."""
         if self._closed:
@@ -125,7 +126,15 @@ class ProcessEngine(EngineFront):
         params = params or SamplingParams()
         token_ids = [int(token) for token in prompt]
         self.limits.check(token_ids, params)
-        command = ("add", request_id, token_ids, params, cache_namespace, Priority.parse(priority))
+        command = (
+            "add",
+            request_id,
+            token_ids,
+            params,
+            cache_namespace,
+            Priority.parse(priority),
+            adapter,
+        )
         stream = self._open_stream(request_id)
         self._send(command)
         return stream
@@ -237,10 +246,15 @@ def _apply(engine: LLMEngine, conn: Connection, command: tuple[Any, ...]) -> boo
     if kind == "abort":
         engine.abort(args[0])
         return True
-    request_id, token_ids, params, namespace, priority = args
+    request_id, token_ids, params, namespace, priority, adapter = args
     try:
         engine.add_request(
-            request_id, token_ids, params, cache_namespace=namespace, priority=priority
+            request_id,
+            token_ids,
+            params,
+            cache_namespace=namespace,
+            priority=priority,
+            adapter=adapter,
         )
     except RequestError as error:
         conn.send(("refused", request_id, error))

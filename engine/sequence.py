@@ -27,6 +27,7 @@ class Sequence:
         "priority",
         "arrival_index",
         "cache_root",
+        "adapter_slot",
         "num_prompt_tokens",
         "token_ids",
         "status",
@@ -58,12 +59,14 @@ class Sequence:
         arrival_index: int = 0,
         cache_root: bytes = b"",
         arrival_time: float = 0.0,
+        adapter_slot: int = 0,
     ) -> None:
         self.request_id = request_id
         self.params = params
         self.priority = priority
         self.arrival_index = arrival_index
         self.cache_root = cache_root
+        self.adapter_slot = adapter_slot  # 0: the base model; i: the engine's adapter i
         self.num_prompt_tokens = len(prompt_token_ids)
         self.token_ids = list(prompt_token_ids)
         self.status = SeqStatus.WAITING

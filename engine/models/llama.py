@@ -169,12 +169,12 @@ class LlamaForCausalLM(nn.Module):
                 name == "lm_head.weight" and self.config.tie_word_embeddings
             ):
                 continue
-            target, shard = _fused_target(name)
+            target, shard = fused_target(name)
             if target not in params:
                 raise ModelLoadError(f"unexpected weight {name!r} in checkpoint")
             destination = params[target].data
             if shard is not None:
-                sizes = self._shard_sizes(target)
+                sizes = self.shard_sizes(target)
                 destination = destination.narrow(0, sum(sizes[:shard]), sizes[shard])
             _copy_into(destination, tensor, name)
             loaded.add(name)
@@ -183,7 +183,7 @@ class LlamaForCausalLM(nn.Module):
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise ModelLoadError(f"checkpoint lacks {len(missing)} weight(s): {shown}")
 
-    def _shard_sizes(self, fused_name: str) -> list[int]:
+    def shard_sizes(self, fused_name: str) -> list[int]:
         cfg = self.config
         if ".qkv_proj." in fused_name:
             kv = cfg.num_kv_heads * cfg.head_dim
@@ -191,7 +191,7 @@ class LlamaForCausalLM(nn.Module):
         return [cfg.intermediate_size, cfg.intermediate_size]
 
 
-def _fused_target(name: str) -> tuple[str, int | None]:
+def fused_target(name: str) -> tuple[str, int | None]:
     parts = name.split(".")
     for i, part in enumerate(parts):
         if part in _FUSED:
