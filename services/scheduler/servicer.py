@@ -63,6 +63,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 request.model,
                 time.monotonic(),
                 request.boot_id,
+                request.adapters,
             )
         except WorkerIdTaken as taken:
             raise FailedPrecondition(

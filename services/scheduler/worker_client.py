@@ -74,6 +74,7 @@ def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
         num_free_blocks=status.num_free_blocks,
         running_run_ids=frozenset(status.running_run_ids),
         model=status.model,
+        adapters=frozenset(status.adapters),
         num_total_blocks=status.num_total_blocks,
         block_size=status.block_size,
         draining=status.draining,

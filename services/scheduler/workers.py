@@ -29,6 +29,7 @@ class WorkerReport:
     num_free_blocks: int
     running_run_ids: frozenset[str] = frozenset()
     model: str | None = None  # None: not reported
+    adapters: frozenset[str] | None = None  # None: not reported
     num_total_blocks: int | None = None
     block_size: int | None = None
     draining: bool = False
@@ -40,6 +41,8 @@ class Worker:
     worker_id: str
     address: str
     model: str = ""  # "" = serves whatever it is sent
+    # LoRA adapter model names served beside `model`, on the same KV pool.
+    adapters: frozenset[str] = field(default_factory=frozenset)
     static: bool = False
     alive: bool = False
     suspect: bool = False
@@ -54,7 +57,12 @@ class Worker:
     boot_id: str = ""
 
     def serves(self, model: str) -> bool:
-        return not self.model or self.model == model
+        return not self.model or self.model == model or model in self.adapters
+
+    @property
+    def models(self) -> list[str]:
+        """The model names it has said it serves: its base, then its adapters."""
+        return [self.model, *sorted(self.adapters)] if self.model else []
 
     def can_take(self, num_kv_blocks: int, model: str) -> bool:
         return (
@@ -89,7 +97,13 @@ class WorkerRegistry:
         self._workers[worker_id] = Worker(worker_id, address, static=True)
 
     def register(
-        self, worker_id: str, address: str, model: str, now: float, boot_id: str = ""
+        self,
+        worker_id: str,
+        address: str,
+        model: str,
+        now: float,
+        boot_id: str = "",
+        adapters: Iterable[str] = (),
     ) -> None:
         """Adds or renews `worker_id` at `address`; raises WorkerIdTaken (see above)."""
         worker = self._workers.get(worker_id)
@@ -99,6 +113,7 @@ class WorkerRegistry:
             worker = self._workers[worker_id] = Worker(worker_id, address)
         worker.address = address
         worker.model = model
+        worker.adapters = frozenset(adapters)
         self._boot(worker, boot_id)
         # Free blocks stay unknown (0) until the first heartbeat or status.
         self._see(worker, now)
@@ -130,6 +145,8 @@ class WorkerRegistry:
         worker.draining = report.draining
         if report.model is not None:
             worker.model = report.model
+        if report.adapters is not None:
+            worker.adapters = report.adapters
         if report.num_total_blocks is not None:
             worker.num_total_blocks = report.num_total_blocks
         if report.block_size is not None:
@@ -204,8 +221,9 @@ class WorkerRegistry:
         workers that serve it (those that have said their model and block size)."""
         largest: dict[str, int] = {}
         for w in self.alive():
-            if w.model and w.block_size:
-                largest[w.model] = max(largest.get(w.model, 0), w.capacity * w.block_size)
+            if w.block_size:
+                for model in w.models:
+                    largest[model] = max(largest.get(model, 0), w.capacity * w.block_size)
         return largest
 
     def expire(self, now: float, timeout: float) -> list[str]:

@@ -59,6 +59,9 @@ class WorkerSettings:
         if len(models) != 1:
             raise ConfigError("TOLLGATE_MODELS must name exactly one model for a worker (name=dir)")
         [(name, directory)] = models.items()
+        adapters = env_map("TOLLGATE_ADAPTERS")
+        if name in adapters:
+            raise ConfigError(f"TOLLGATE_ADAPTERS: {name!r} is the base model's name")
         return cls(
             common=CommonSettings.from_env("127.0.0.1:0"),
             worker_id=env_str("TOLLGATE_WORKER_ID", "") or default_worker_id(),
@@ -72,6 +75,7 @@ class WorkerSettings:
                     env_choice("TOLLGATE_QUANTIZATION", "none", ("none", *QUANTIZATIONS))
                 ),
                 kv_dtype=env_choice("TOLLGATE_KV_DTYPE", "auto", KV_DTYPES),
+                adapters=tuple(adapters.items()),
                 num_threads=engine_threads(
                     env_int("TOLLGATE_ENGINE_THREADS", 0), env_int("TOLLGATE_RESERVED_CORES", 0)
                 ),
@@ -142,6 +146,7 @@ async def heartbeat(
                         address=address,
                         model=core.model,
                         boot_id=core.boot_id,
+                        adapters=core.adapters,
                     ),
                     timeout=2.0,
                 )
@@ -204,6 +209,7 @@ async def main(settings: WorkerSettings) -> None:
         appender.start,
         runs,
         drop_run=appender.drop,
+        adapters=[name for name, _ in settings.engine.adapters],
     )
 
     def add_servicers(server: grpc.aio.Server) -> None:
@@ -235,7 +241,13 @@ async def main(settings: WorkerSettings) -> None:
             if scheduler.strip()
         )
     metrics_port = start_metrics(settings.common.metrics_port)
-    log.info("serving", address=address, metrics_port=metrics_port, model=settings.model_name)
+    log.info(
+        "serving",
+        address=address,
+        metrics_port=metrics_port,
+        model=settings.model_name,
+        adapters=core.adapters,
+    )
     try:
         await serve(
             server,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -40,6 +40,7 @@ class Assignment:
 class Status:
     worker_id: str
     model: str
+    adapters: list[str]
     num_free_blocks: int
     num_total_blocks: int
     block_size: int
@@ -58,11 +59,15 @@ class WorkerCore:
         start_run: Callable[[str, NewEvent], None],
         runs: dict[str, AssignedRun] | None = None,
         drop_run: Callable[[str], None] | None = None,
+        adapters: Sequence[str] = (),
     ) -> None:
         """`start_run` appends a newly assigned run's `prefill` (the StepAppender's start);
-        `drop_run` stops a run without appending anything more for it (its `drop`)."""
+        `drop_run` stops a run without appending anything more for it (its `drop`).
+        `adapters` are the model names of the engine's LoRA adapters, served beside
+        `model` (the base)."""
         self.worker_id = worker_id
         self.model = model
+        self.adapters = list(adapters)
         self.engine = engine
         self.store = store
         self.start_run = start_run
@@ -87,8 +92,9 @@ class WorkerCore:
             raise Unavailable("the worker's engine is restarting", retry_after=1.0)
         if self.engine.has_request(assignment.run_id):
             raise Unavailable("an earlier attempt of the run is still stopping", retry_after=0.1)
-        if assignment.model != self.model:
-            raise FailedPrecondition(f"this worker serves {self.model!r}", "WRONG_MODEL")
+        if assignment.model != self.model and assignment.model not in self.adapters:
+            served = ", ".join(map(repr, [self.model, *self.adapters]))
+            raise FailedPrecondition(f"this worker serves {served}", "WRONG_MODEL")
         needed = self.engine.limits.blocks_needed(
             len(assignment.prompt_token_ids) + assignment.sampling.max_tokens
         )
@@ -117,6 +123,7 @@ class WorkerCore:
                 assignment.sampling,
                 cache_namespace=assignment.cache_namespace,
                 priority=assignment.priority,
+                adapter="" if assignment.model == self.model else assignment.model,
             )
         except RequestError as error:
             del self.runs[assignment.run_id]
@@ -182,6 +189,7 @@ class WorkerCore:
         return Status(
             worker_id=self.worker_id,
             model=self.model,
+            adapters=self.adapters,
             num_free_blocks=self.num_free_blocks if self.engine_ready else 0,
             num_total_blocks=limits.num_total_blocks,
             block_size=limits.block_size,

@@ -79,6 +79,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         return worker_pb2.WorkerStatus(
             worker_id=status.worker_id,
             model=status.model,
+            adapters=status.adapters,
             num_free_blocks=status.num_free_blocks,
             num_total_blocks=status.num_total_blocks,
             block_size=status.block_size,

@@ -37,16 +37,18 @@ class QueueStats(_message.Message):
     def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "boot_id")
+    __slots__ = ("worker_id", "address", "model", "boot_id", "adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
     boot_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_seconds",)

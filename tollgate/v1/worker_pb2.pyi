@@ -56,7 +56,7 @@ class GetWorkerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "block_size", "running_run_ids", "draining", "boot_id")
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "block_size", "running_run_ids", "draining", "boot_id", "adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class WorkerStatus(_message.Message):
     RUNNING_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     num_free_blocks: int
@@ -73,4 +74,5 @@ class WorkerStatus(_message.Message):
     running_run_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     boot_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -61,3 +61,32 @@ def test_may_ever_fit_compares_with_the_largest_live_worker() -> None:
     assert registry.may_ever_fit(64, "tiny")
     assert not registry.may_ever_fit(65, "tiny")
     assert not registry.may_ever_fit(1, "other-model")
+
+
+def test_a_run_for_an_adapter_goes_only_to_workers_serving_it() -> None:
+    registry = WorkerRegistry()
+    registry.register("plain", "h:1", "tiny", now=0)
+    registry.heartbeat("plain", report(50, total=50, model=None), now=0)
+    registry.register("lora", "h:2", "tiny", now=0, adapters=["tiny-sql"])
+    registry.heartbeat("lora", report(10, total=10, model=None), now=0)
+    assert registry.choose(1, "tiny-sql").worker_id == "lora"  # type: ignore[union-attr]
+    assert registry.choose(1, "tiny").worker_id == "plain"  # type: ignore[union-attr]
+    assert registry.choose(1, "tiny-chat") is None
+    assert registry.serves_any("tiny-sql") and not registry.serves_any("tiny-chat")
+    registry.get("plain").block_size = registry.get("lora").block_size = 4  # type: ignore[union-attr]
+    assert registry.max_run_tokens() == {"tiny": 200, "tiny-sql": 40}
+
+
+def test_a_status_report_updates_the_adapters_served() -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "h:1")
+    registry.observe(
+        "w1",
+        WorkerReport(num_free_blocks=5, model="tiny", adapters=frozenset({"tiny-sql"})),
+        now=0,
+    )
+    assert registry.choose(1, "tiny-sql") is not None
+    registry.observe("w1", WorkerReport(num_free_blocks=5, model="tiny"), now=1)
+    assert registry.choose(1, "tiny-sql") is not None  # not reported: unchanged
+    registry.observe("w1", WorkerReport(num_free_blocks=5, adapters=frozenset()), now=2)
+    assert registry.choose(1, "tiny-sql") is None

@@ -40,13 +40,28 @@ class RunningWorker:
 
 @contextlib.asynccontextmanager
 async def running_worker(
-    store: EventStore, model_dir: Path, *, worker_id: str = "worker-1", num_kv_blocks: int = 64
+    store: EventStore,
+    model_dir: Path,
+    *,
+    worker_id: str = "worker-1",
+    num_kv_blocks: int = 64,
+    adapters: dict[str, Path] | None = None,
 ) -> AsyncIterator[RunningWorker]:
-    config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=num_kv_blocks)
+    served = tuple((name, str(path)) for name, path in (adapters or {}).items())
+    config = EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=num_kv_blocks, adapters=served)
     runs: dict[str, AssignedRun] = {}
     appender = StepAppender(store, runs, lambda run_id: engine.abort(run_id))
     engine = await ProcessEngine.start(model_dir, config, appender.on_step)
-    core = WorkerCore(worker_id, MODEL, engine, store, appender.start, runs, drop_run=appender.drop)
+    core = WorkerCore(
+        worker_id,
+        MODEL,
+        engine,
+        store,
+        appender.start,
+        runs,
+        drop_run=appender.drop,
+        adapters=[name for name, _ in served],
+    )
     server, port, _ = create_server(
         "127.0.0.1:0",
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), s),
