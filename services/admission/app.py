@@ -41,6 +41,7 @@ SERVICES = (
 class AdmissionSettings:
     common: CommonSettings
     models: dict[str, str]
+    adapters: dict[str, str]
     admin_token: str
     scheduler_address: str
     http_listen: str
@@ -57,6 +58,7 @@ class AdmissionSettings:
         return cls(
             common=CommonSettings.from_env("127.0.0.1:50051"),
             models=env_map("TOLLGATE_MODELS"),
+            adapters=env_map("TOLLGATE_ADAPTERS"),
             admin_token=env_str("TOLLGATE_ADMIN_TOKEN", ""),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             http_listen=_http_listen(),
@@ -83,7 +85,7 @@ def _http_listen() -> str:
 
 async def main(settings: AdmissionSettings) -> None:
     db = open_db(settings.common.database_url)
-    catalog = ModelCatalog.load(settings.models)
+    catalog = ModelCatalog.load(settings.models, settings.adapters)
     feed = RunFeed(settings.common.database_url)
     scheduler = None
     background = [

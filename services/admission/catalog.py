@@ -1,15 +1,19 @@
-"""The models admission serves: name → tokenizer and context length."""
+"""The models admission serves: name → tokenizer and context length. A LoRA adapter is a
+model of its own name that runs on its base model (`parent`) and shares its tokenizer."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from engine.adapters import read_adapter_config
 from engine.chat_template import ChatTemplateError
+from engine.errors import ModelLoadError
 from engine.loader import load_model_config
 from engine.tokenizer import Tokenizer
 from services.admission.requests import GenerateParams
+from services.core.config import ConfigError
 from services.core.errors import FieldViolation, InvalidArgument
 
 # How much of a chat template's complaint a client is told.
@@ -22,6 +26,7 @@ class ModelEntry:
     tokenizer: Tokenizer
     context_length: int
     vocab_size: int
+    parent: str = ""  # an adapter's base model; "" for a base model
 
     def prompt_token_ids(self, params: GenerateParams) -> list[int]:
         """Raises InvalidArgument naming `messages` when the model has no chat template,
@@ -41,7 +46,11 @@ class ModelCatalog:
         self.entries = dict(entries)
 
     @classmethod
-    def load(cls, model_dirs: Mapping[str, str]) -> ModelCatalog:
+    def load(
+        cls, model_dirs: Mapping[str, str], adapter_dirs: Mapping[str, str] | None = None
+    ) -> ModelCatalog:
+        """Base models by directory, then adapters (name -> PEFT directory), each on the
+        base its `base_model_name_or_path` names, or on the only base model there is."""
         entries = {}
         for name, directory in model_dirs.items():
             config = load_model_config(Path(directory))
@@ -51,6 +60,11 @@ class ModelCatalog:
                 context_length=config.max_position_embeddings,
                 vocab_size=config.vocab_size,
             )
+        for name, directory in (adapter_dirs or {}).items():
+            if name in entries:
+                raise ConfigError(f"TOLLGATE_ADAPTERS: {name!r} is already a model's name")
+            base = entries[adapter_base(name, Path(directory), model_dirs)]
+            entries[name] = replace(base, name=name, parent=base.name)
         return cls(entries)
 
     def names(self) -> list[str]:
@@ -58,3 +72,21 @@ class ModelCatalog:
 
     def get(self, name: str) -> ModelEntry:
         return self.entries[name]
+
+
+def adapter_base(name: str, directory: Path, model_dirs: Mapping[str, str]) -> str:
+    """The name of the base model an adapter was made for; raises ConfigError."""
+    try:
+        declared = str(read_adapter_config(directory).get("base_model_name_or_path") or "")
+    except ModelLoadError as exc:
+        raise ConfigError(f"TOLLGATE_ADAPTERS[{name!r}]: {exc}") from None
+    by_dir = {Path(d).resolve(): model for model, d in model_dirs.items()}
+    if declared and Path(declared).resolve() in by_dir:
+        return by_dir[Path(declared).resolve()]
+    if declared in model_dirs:
+        return declared
+    if len(model_dirs) == 1:
+        return next(iter(model_dirs))
+    raise ConfigError(
+        f"TOLLGATE_ADAPTERS[{name!r}]: its base {declared!r} is none of TOLLGATE_MODELS"
+    )

@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
 from services.admission.http_requests import (
     ChatCompletionRequest,
@@ -107,8 +108,9 @@ class HttpApi:
     ) -> dict[str, Any]:
         """The models the caller's key may use."""
         principal = await self._principal(request)
-        names = [name for name in self.gateway.catalog.names() if principal.may_use(name)]
-        return {"object": "list", "data": [_model(name) for name in names]}
+        catalog = self.gateway.catalog
+        names = [name for name in catalog.names() if principal.may_use(name)]
+        return {"object": "list", "data": [_model(catalog.get(name)) for name in names]}
 
     async def get_model(
         self,
@@ -119,7 +121,7 @@ class HttpApi:
         principal = await self._principal(request)
         if model not in self.gateway.catalog.names() or not principal.may_use(model):
             raise NotFound(f"model {model[:64]!r} not found")
-        return _model(model)
+        return _model(self.gateway.catalog.get(model))
 
     async def get_run(
         self,
@@ -211,8 +213,16 @@ class HttpApi:
         return JSONResponse(completion.body(), headers=headers)
 
 
-def _model(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "tollgate"}
+def _model(entry: ModelEntry) -> dict[str, Any]:
+    """An OpenAI model object; `root` and `parent` as vLLM gives them (an adapter's base)."""
+    return {
+        "id": entry.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tollgate",
+        "root": entry.parent or entry.name,
+        "parent": entry.parent or None,
+    }
 
 
 def _resume_point(last_event_id: str | None, starting_after: int) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from engine.adapters import read_adapter_config
 from engine.errors import EngineError
 from engine.tools.fetch import FetchError, resolve_model
 from services.core.db import open_db
@@ -53,6 +54,16 @@ def register(subparsers: Any) -> None:
         "--model-name", default=None, help="the name clients use (default: the directory's name)"
     )
     up.add_argument(
+        "--adapter",
+        dest="adapters",
+        type=_adapter,
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="serve the PEFT-format LoRA adapter in DIR (made for --model) as the model NAME"
+        " (repeatable)",
+    )
+    up.add_argument(
         "--kv-blocks", type=int, default=512, help="KV cache blocks of the worker (default: 512)"
     )
     up.add_argument(
@@ -82,6 +93,30 @@ def _replicas(text: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _adapter(text: str) -> tuple[str, Path]:
+    name, sep, directory = text.partition("=")
+    if not sep or not name.strip() or not directory.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR, got {text!r}")
+    if "," in text:
+        raise argparse.ArgumentTypeError("one adapter per --adapter (a name or path has a comma)")
+    path = Path(directory.strip()).resolve()
+    try:
+        read_adapter_config(path)
+    except EngineError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name.strip(), path
+
+
+def served_adapters(args: argparse.Namespace, model_name: str) -> dict[str, Path]:
+    """--adapter's adapters by name; raises ValueError on a name used twice."""
+    adapters: dict[str, Path] = {}
+    for name, path in args.adapters:
+        if name in adapters or name == model_name:
+            raise ValueError(f"--adapter {name}: the name is already taken")
+        adapters[name] = path
+    return adapters
+
+
 def ensure_model(args: argparse.Namespace, data_dir: Path) -> tuple[str, Path]:
     if args.model != DEMO_MODEL:
         name, model_dir = resolve_model(args.model, progress=lambda line: log.info(line))
@@ -104,7 +139,8 @@ def up_command(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
         model_name, model_dir = ensure_model(args, data_dir)
-    except (FetchError, EngineError) as exc:
+        adapters = served_adapters(args, model_name)
+    except (FetchError, EngineError, ValueError) as exc:
         log.error("no model to serve", model=args.model, error=str(exc))
         return 1
     try:
@@ -115,6 +151,7 @@ def up_command(args: argparse.Namespace) -> int:
                 kafka_bootstrap=endpoints.kafka_bootstrap,
                 model_name=model_name,
                 model_dir=model_dir,
+                adapters=adapters,
                 admin_token=secrets.token_urlsafe(24),
                 num_kv_blocks=args.kv_blocks,
                 gateway_listen=f"127.0.0.1:{args.port}",
@@ -133,6 +170,7 @@ def up_command(args: argparse.Namespace) -> int:
                     "kafka_bootstrap": config.kafka_bootstrap,
                     "model": model_name,
                     "model_dir": str(model_dir),
+                    "adapters": {name: str(path) for name, path in adapters.items()},
                 }
                 write_stack_file(path, stack)
 

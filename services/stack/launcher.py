@@ -68,6 +68,8 @@ class StackConfig:
     model_name: str
     model_dir: Path
     admin_token: str
+    # LoRA adapters of the model, each served as a model of its own name.
+    adapters: Mapping[str, Path] = field(default_factory=dict)
     topic: str = "tollgate.run-events.v1"
     num_kv_blocks: int = 512
     disconnect_grace: float = 30.0
@@ -218,6 +220,7 @@ class Services:
             "TOLLGATE_ADMIN_TOKEN": self.config.admin_token,
             "TOLLGATE_INTERNAL_TOKEN": self.config.internal_token,
             "TOLLGATE_MODELS": f"{self.config.model_name}={self.config.model_dir}",
+            "TOLLGATE_ADAPTERS": ",".join(f"{n}={d}" for n, d in self.config.adapters.items()),
             **self.config.extra_env,
         }
 

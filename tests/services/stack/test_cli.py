@@ -48,3 +48,40 @@ def test_an_unknown_model_ends_up_at_once_naming_it(tmp_path: Path) -> None:
     assert up.returncode == 1
     assert "nope: not a model directory, a .gguf file or a known model" in up.stderr
     assert not (tmp_path / "infra").exists()  # nothing was started
+
+
+def _up_parser() -> argparse.ArgumentParser:
+    from services.stack.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser
+
+
+def test_each_adapter_is_passed_to_the_services_by_name(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from engine.tools.adapter_init import init_adapter
+    from services.stack.cli import served_adapters
+    from services.stack.launcher import Services, StackConfig
+
+    sql = init_adapter(tmp_path / "sql", tiny_model_dir, rank=2)
+    chat = init_adapter(tmp_path / "chat", tiny_model_dir, rank=2, seed=1)
+    args = _up_parser().parse_args(
+        ["up", "--adapter", f"tiny-sql={sql}", "--adapter", f"tiny-chat={chat}"]
+    )
+    adapters = served_adapters(args, "tiny")
+    assert adapters == {"tiny-sql": sql.resolve(), "tiny-chat": chat.resolve()}
+    config = StackConfig("db", "kafka", "tiny", tiny_model_dir, "admin", adapters=adapters)
+    env = Services(config, tmp_path / "logs").common_env()
+    assert env["TOLLGATE_ADAPTERS"] == f"tiny-sql={sql.resolve()},tiny-chat={chat.resolve()}"
+    with pytest.raises(ValueError, match="already taken"):
+        served_adapters(_up_parser().parse_args(["up", "--adapter", f"tiny={sql}"]), "tiny")
+
+
+def test_an_adapter_that_is_not_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _up_parser().parse_args(["up", "--adapter", f"x={tmp_path}"])
+    assert "adapter_config.json" in capsys.readouterr().err
