@@ -1,5 +1,6 @@
 """The engine's `tollgate` subcommands: `models init-tiny` writes a random-weight model
-(`engine.tools.tiny`); `models fetch` and `models list` download known models into the
+(`engine.tools.tiny`), `models adapter-init` a random LoRA adapter for one
+(`engine.tools.adapter_init`); `models fetch` and `models list` download known models into the
 cache and show it (`engine.tools.fetch`, `engine.tools.model_list`); `models inspect`
 sizes a model's weights and KV cache (`engine.tools.inspect`); `engine generate` runs one
 prompt through `LLMEngine` in this process, without the services."""
@@ -42,7 +43,29 @@ def _register_models(subparsers: Any) -> None:
     init.add_argument("--architecture", choices=["llama", "qwen2"], default="llama")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=_init_tiny)
+    _register_adapter_init(commands)
     _register_fetch(commands)
+
+
+def _register_adapter_init(commands: Any) -> None:
+    from engine.adapters import TARGET_MODULES
+
+    adapter = commands.add_parser(
+        "adapter-init", help="write a random-weight LoRA adapter (PEFT format) for a model"
+    )
+    adapter.add_argument("dir", help="directory to write (created if missing)")
+    adapter.add_argument("--base", required=True, help="the base model's directory")
+    adapter.add_argument("--rank", type=int, required=True, help="the LoRA rank r")
+    adapter.add_argument("--alpha", type=float, default=None, help="lora_alpha (default: 2 r)")
+    adapter.add_argument("--seed", type=int, default=0)
+    adapter.add_argument(
+        "--target",
+        action="append",
+        choices=TARGET_MODULES,
+        default=None,
+        help="a projection to adapt (repeatable; default: all of them)",
+    )
+    adapter.set_defaults(func=_adapter_init)
 
 
 def _register_fetch(commands: Any) -> None:
@@ -150,6 +173,26 @@ def _init_tiny(args: argparse.Namespace) -> int:
         max_position_embeddings=args.max_positions,
         architecture=args.architecture,
     )
+    print(path)
+    return 0
+
+
+def _adapter_init(args: argparse.Namespace) -> int:
+    from engine.adapters import TARGET_MODULES
+    from engine.tools.adapter_init import init_adapter
+
+    try:
+        path = init_adapter(
+            args.dir,
+            args.base,
+            rank=args.rank,
+            alpha=args.alpha,
+            seed=args.seed,
+            target_modules=args.target or TARGET_MODULES,
+        )
+    except (EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(path)
     return 0
 

@@ -1,4 +1,5 @@
-"""`tollgate models list`: the models that can be fetched and the directories in the cache."""
+"""`tollgate models list`: the models that can be fetched and the directories in the cache,
+LoRA adapters among them with their base."""
 
 from __future__ import annotations
 
@@ -6,18 +7,23 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine.adapters import ADAPTER_CONFIG
+from engine.errors import ModelLoadError
+from engine.model_files import read_json
 from engine.tools.fetch import fetched_dir
 from engine.tools.registry import KnownModel
 
 
 @dataclass(frozen=True, slots=True)
 class CachedModel:
-    """A model directory in the cache; `fetched` when it is a known model's whole fetch."""
+    """A model directory in the cache; `fetched` when it is a known model's whole fetch.
+    `base` is an adapter's base model (as its config names it); "" for a model."""
 
     name: str
     path: str
     num_bytes: int
     fetched: bool
+    base: str = ""
 
 
 def cached_models(root: Path, known: dict[str, KnownModel]) -> list[CachedModel]:
@@ -29,8 +35,20 @@ def cached_models(root: Path, known: dict[str, KnownModel]) -> list[CachedModel]
         if path.is_dir() and not path.name.startswith("."):
             model = known.get(path.name)
             fetched = model is not None and fetched_dir(model, root) is not None
-            found.append(CachedModel(path.name, str(path), _num_bytes(path), fetched))
+            found.append(
+                CachedModel(path.name, str(path), _num_bytes(path), fetched, _adapter_base(path))
+            )
     return found
+
+
+def _adapter_base(path: Path) -> str:
+    if not (path / ADAPTER_CONFIG).is_file():
+        return ""
+    try:
+        base = read_json(path / ADAPTER_CONFIG).get("base_model_name_or_path")
+    except ModelLoadError:
+        return "?"
+    return Path(str(base)).name if base else "?"
 
 
 def _num_bytes(path: Path) -> int:
@@ -59,13 +77,17 @@ def listing_text(root: Path, known: dict[str, KnownModel]) -> str:
         lines.append(f"  {model.name}  {model.requirement}  {model.description}{mark}")
     lines.append(f"cached in {root}:")
     lines.extend(
-        f"  {entry.name}  {_size(entry.num_bytes)}  {entry.path}"
-        + ("" if entry.fetched else "  (not a fetched model)")
-        for entry in cached
+        f"  {entry.name}  {_size(entry.num_bytes)}  {entry.path}{_note(entry)}" for entry in cached
     )
     if not cached:
         lines.append("  (none)")
     return "\n".join(lines)
+
+
+def _note(entry: CachedModel) -> str:
+    if entry.base:
+        return f"  (LoRA adapter of {entry.base})"
+    return "" if entry.fetched else "  (not a fetched model)"
 
 
 def _size(num_bytes: int) -> str:
