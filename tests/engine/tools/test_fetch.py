@@ -148,6 +148,7 @@ def test_list_before_any_fetch(served: Served, capsys: pytest.CaptureFixture[str
             "path": str(served.cache / "my-own-model"),
             "num_bytes": 2,
             "fetched": False,
+            "base": "",
         }
     ]
 
