@@ -2,6 +2,7 @@
 
     python -m bench.engine            # 64 requests per workload (10 min on 2 cores)
     python -m bench.engine --quick    # 8 shorter requests per workload (1 min)
+    python -m bench.engine --adapters 0,1,4   # LoRA adapters in the batch (bench/adapters.py)
 
 Model: a random ~50M-parameter Llama (hidden 512, intermediate 1408, 8 layers, 8 heads,
 4 KV heads, vocab 32000), fp32. Workloads, seeded, all requests arriving at once, greedy,
@@ -25,6 +26,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,13 +72,17 @@ def run_engine(model_dir: Path, work: Workload, config: EngineConfig) -> TokenTi
     return times
 
 
-def serve(engine: LLMEngine, work: Workload) -> tuple[TokenTimes, list[list[int]]]:
-    """Run the workload greedily, all requests queued at once: timings and output tokens."""
+def serve(
+    engine: LLMEngine, work: Workload, adapters: Sequence[str] = ()
+) -> tuple[TokenTimes, list[list[int]]]:
+    """Run the workload greedily, all requests queued at once: timings and output tokens.
+    With `adapters`, request i runs under adapters[i % len(adapters)]."""
     result = TokenTimes(start=time.perf_counter(), times=[[] for _ in work.prompts])
     tokens: list[list[int]] = [[] for _ in work.prompts]
     for i, (prompt, n) in enumerate(zip(work.prompts, work.output_lens, strict=True)):
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-        engine.add_request(str(i), prompt, params)
+        adapter = adapters[i % len(adapters)] if adapters else ""
+        engine.add_request(str(i), prompt, params, adapter=adapter)
     while engine.has_unfinished_requests():
         running = engine.batcher.running
         decode_only = not engine.batcher.waiting and all(
@@ -171,6 +177,16 @@ def print_table(results: dict[str, Rows]) -> None:
             )
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts such as 0,1,4, got {text!r}") from None
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError("adapter counts must be whole numbers, 0 or more")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -181,10 +197,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument(
+        "--adapters",
+        type=_counts,
+        default=None,
+        metavar="N,N,...",
+        help="instead: the random workload with N LoRA adapters in the batch, for each N",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     mix = QUICK if args.quick else FULL
+    if args.adapters is not None:
+        from bench.adapters import main as adapters_main
+
+        adapters_main(args, mix)
+        return
     with tempfile.TemporaryDirectory() as scratch:
         progress("writing the model")
         model_dir = args.model or make_model(Path(scratch) / "model")
