@@ -83,3 +83,32 @@ def test_chat_template_matches_transformers(
     expected = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ours.apply_chat_template(messages) == expected
     assert ours.encode_chat(messages) == theirs.encode(expected, add_special_tokens=False)
+
+
+def test_an_adapters_logits_match_peft(model_dir: Path, tmp_path: Path) -> None:
+    """A random adapter on every projection, in a batch beside a base-model request; peft
+    wraps a model of its own (it changes the model it is given)."""
+    peft = pytest.importorskip("peft")
+    from engine.adapters import load_adapter
+    from engine.layers.lora import attach_adapters
+    from engine.tools.adapter_init import init_adapter
+    from tests.engine.test_adapters import _batch_logits
+
+    adapter_dir = init_adapter(tmp_path / "adapter", model_dir, rank=8, seed=1)
+    config = load_model_config(model_dir)
+    tokenizer = load_tokenizer(model_dir, config)
+    ids = tokenizer.encode("The capital of France is Paris, and the capital of Italy is")
+    model = load_model(model_dir, config, 16, torch.float32)
+    batch = attach_adapters(model, [load_adapter("a", adapter_dir, model)])
+    ours, base = _batch_logits(model, batch, [(ids, 1), (ids, 0)])
+    fresh = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    )
+    tuned = peft.PeftModel.from_pretrained(fresh, str(adapter_dir)).eval()
+    with torch.no_grad():
+        expected = tuned(torch.tensor([ids])).logits[0]
+        with tuned.disable_adapter():
+            expected_base = tuned(torch.tensor([ids])).logits[0]
+    assert torch.allclose(ours, expected, atol=1e-3, rtol=0), (ours - expected).abs().max()
+    assert torch.allclose(base, expected_base, atol=1e-3, rtol=0)
+    assert (expected - expected_base).abs().max() > 0.1
