@@ -96,3 +96,14 @@ def test_amounts_are_exact_integers(prompt: int, cached: int, output: int, unit:
     entries = price_run(run(TokenUsage(prompt, cached, output)), table)
     assert all(e.quantity >= 0 for e in entries)
     assert sum(e.amount_micros for e in entries) == (prompt + output) * unit
+
+
+def test_an_adapter_is_billed_under_its_own_name_and_price() -> None:
+    """A run for an adapter carries the adapter's model name, which the worker served."""
+    table = parse_prices('{"tiny": {"output_tokens": 8}, "tiny-sql": {"output_tokens": 12}}')
+    usage = TokenUsage(prompt_tokens=4, output_tokens=10)
+    tuned = {e.billing_type: e for e in price_run(run(usage, model="tiny-sql"), table)}
+    base = {e.billing_type: e for e in price_run(run(usage), table)}
+    assert tuned["output_tokens"].model == "tiny-sql"
+    assert (tuned["output_tokens"].amount_micros, base["output_tokens"].amount_micros) == (120, 80)
+    assert tuned["input_tokens"].unit_price_micros == 2  # unpriced types fall back as usual
