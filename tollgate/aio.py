@@ -32,7 +32,9 @@ from tollgate.transport import (
     Addresses,
     AsyncUnary,
     Messages,
+    RootCertificates,
     bearer,
+    channel_credentials,
 )
 from tollgate.transport import open_async_channel as open_channel
 from tollgate.types import (
@@ -72,7 +74,9 @@ class _AsyncBase:
         timeout: float | None,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
+        root_certificates: RootCertificates | None = None,
     ) -> None:
+        credentials = channel_credentials(credentials, root_certificates)
         # Several gateways: calls spread over them (`tollgate.transport.channel_target`).
         self._channel = open_channel(address, credentials, options)
         self._ledger_channel = (
@@ -156,6 +160,8 @@ class AsyncClient(_AsyncBase):
 
     `timeout` bounds each unary call; `stream_timeout`, when set, bounds each
     attempt of a stream, which is then resumed. `retry` governs resuming.
+    `root_certificates` (PEM bytes, or a file's path) makes the channels TLS, trusting the
+    servers those roots sign; `credentials` gives any other `grpc.ChannelCredentials`.
     """
 
     def __init__(
@@ -169,6 +175,7 @@ class AsyncClient(_AsyncBase):
         retry: RetryPolicy = DEFAULT_RETRY,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        root_certificates: RootCertificates | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -177,6 +184,7 @@ class AsyncClient(_AsyncBase):
             timeout=timeout,
             credentials=credentials,
             options=options,
+            root_certificates=root_certificates,
         )
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._stream_timeout = stream_timeout
@@ -279,7 +287,7 @@ class AsyncClient(_AsyncBase):
 
 
 class AsyncAdminClient(_AsyncBase):
-    """The operator's client, authenticated with the admin token."""
+    """The operator's client, authenticated with the admin token; TLS as `AsyncClient`."""
 
     def __init__(
         self,
@@ -290,6 +298,7 @@ class AsyncAdminClient(_AsyncBase):
         timeout: float | None = DEFAULT_TIMEOUT,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        root_certificates: RootCertificates | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -298,6 +307,7 @@ class AsyncAdminClient(_AsyncBase):
             timeout=timeout,
             credentials=credentials,
             options=options,
+            root_certificates=root_certificates,
         )
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
 

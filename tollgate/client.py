@@ -32,8 +32,10 @@ from tollgate.transport import (
     DEFAULT_TIMEOUT,
     Addresses,
     Messages,
+    RootCertificates,
     SyncUnary,
     bearer,
+    channel_credentials,
 )
 from tollgate.transport import open_channel as open_channel
 from tollgate.types import (
@@ -73,7 +75,9 @@ class _Base:
         timeout: float | None,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
+        root_certificates: RootCertificates | None = None,
     ) -> None:
+        credentials = channel_credentials(credentials, root_certificates)
         # Several gateways: calls spread over them (`tollgate.transport.channel_target`).
         self._channel = open_channel(address, credentials, options)
         self._ledger_channel = (
@@ -156,6 +160,8 @@ class Client(_Base):
 
     `timeout` bounds each unary call; `stream_timeout`, when set, bounds each
     attempt of a stream, which is then resumed. `retry` governs resuming.
+    `root_certificates` (PEM bytes, or a file's path) makes the channels TLS, trusting the
+    servers those roots sign; `credentials` gives any other `grpc.ChannelCredentials`.
     """
 
     def __init__(
@@ -169,6 +175,7 @@ class Client(_Base):
         retry: RetryPolicy = DEFAULT_RETRY,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        root_certificates: RootCertificates | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -177,6 +184,7 @@ class Client(_Base):
             timeout=timeout,
             credentials=credentials,
             options=options,
+            root_certificates=root_certificates,
         )
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._stream_timeout = stream_timeout
@@ -278,7 +286,7 @@ class Client(_Base):
 
 
 class AdminClient(_Base):
-    """The operator's client, authenticated with the admin token."""
+    """The operator's client, authenticated with the admin token; TLS as `AsyncClient`."""
 
     def __init__(
         self,
@@ -289,6 +297,7 @@ class AdminClient(_Base):
         timeout: float | None = DEFAULT_TIMEOUT,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        root_certificates: RootCertificates | None = None,
     ) -> None:
         super().__init__(
             address,
@@ -297,6 +306,7 @@ class AdminClient(_Base):
             timeout=timeout,
             credentials=credentials,
             options=options,
+            root_certificates=root_certificates,
         )
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
 

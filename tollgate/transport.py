@@ -9,8 +9,10 @@ channel (`grpc.aio` against `grpc`) and the callables whose result is awaited.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -43,6 +45,26 @@ def bearer(secret: str) -> tuple[tuple[str, str], ...]:
 
 # Gateway addresses: one `host:port`, several comma-separated, or a sequence of them.
 Addresses = str | Sequence[str]
+
+# PEM root certificates: their bytes, or the path of a file holding them.
+RootCertificates = bytes | str | os.PathLike[str]
+
+
+def channel_credentials(
+    credentials: grpc.ChannelCredentials | None, root_certificates: RootCertificates | None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials trusting `root_certificates`, else `credentials` as given (None:
+    plaintext). Both at once is ambiguous, so refused."""
+    if root_certificates is None:
+        return credentials
+    if credentials is not None:
+        raise ValueError("pass credentials or root_certificates, not both")
+    pem = (
+        root_certificates
+        if isinstance(root_certificates, bytes)
+        else Path(root_certificates).read_bytes()
+    )
+    return grpc.ssl_channel_credentials(root_certificates=pem)
 
 
 def open_channel(

@@ -18,11 +18,19 @@ from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
 from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
 from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
-from services.core.config import CommonSettings, env_float, env_int, env_map, env_str
+from services.core.config import (
+    CommonSettings,
+    admin_token_from_env,
+    env_float,
+    env_int,
+    env_map,
+    env_str,
+)
 from services.core.db import open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve, start_metrics
+from services.core.tls import ServerTls
 from tollgate.v1 import (
     admin_pb2_grpc,
     gateway_pb2,
@@ -47,6 +55,7 @@ class AdmissionSettings:
     http_listen: str
     config: GatewayConfig
     default_max_concurrent_runs: int
+    tls: ServerTls | None = None
 
     @classmethod
     def from_env(cls) -> AdmissionSettings:
@@ -59,7 +68,7 @@ class AdmissionSettings:
             common=CommonSettings.from_env("127.0.0.1:50051"),
             models=env_map("TOLLGATE_MODELS"),
             adapters=env_map("TOLLGATE_ADAPTERS"),
-            admin_token=env_str("TOLLGATE_ADMIN_TOKEN", ""),
+            admin_token=admin_token_from_env(),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             http_listen=_http_listen(),
             config=GatewayConfig(
@@ -74,6 +83,7 @@ class AdmissionSettings:
             default_max_concurrent_runs=env_int(
                 "TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS", DEFAULT_MAX_CONCURRENT_RUNS
             ),
+            tls=ServerTls.from_env(),
         )
 
 
@@ -113,8 +123,12 @@ async def main(settings: AdmissionSettings) -> None:
             AdminServicer(db, settings.admin_token, settings.default_max_concurrent_runs), server
         )
 
-    server, port, health = create_server(settings.common.listen, add_servicers)
-    http = HttpServer(create_app(gateway), settings.http_listen) if settings.http_listen else None
+    server, port, health = create_server(settings.common.listen, add_servicers, tls=settings.tls)
+    http = (
+        HttpServer(create_app(gateway), settings.http_listen, tls=settings.tls)
+        if settings.http_listen
+        else None
+    )
     endpoints = {"http": http.url} if http is not None else {}
     if http is not None:
         background.append(http.run())

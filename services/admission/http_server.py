@@ -15,6 +15,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from services.core.loop import wait_set
+from services.core.tls import ServerTls
 
 
 class _Server(uvicorn.Server):
@@ -24,7 +25,9 @@ class _Server(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, app: ASGIApp, listen: str, *, grace: int = 5) -> None:
+    def __init__(
+        self, app: ASGIApp, listen: str, *, grace: int = 5, tls: ServerTls | None = None
+    ) -> None:
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]") or "127.0.0.1"
         self.socket = socket.create_server((self.host, int(port)), reuse_port=False)
@@ -36,14 +39,17 @@ class HttpServer:
             access_log=False,
             timeout_graceful_shutdown=grace,
             http="httptools",
+            ssl_certfile=str(tls.cert_path) if tls is not None else None,
+            ssl_keyfile=str(tls.key_path) if tls is not None else None,
         )
         self.server = _Server(config)
+        self.scheme = "https" if tls is not None else "http"
         self.grace = grace
         self._stopped = asyncio.Event()
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        return f"{self.scheme}://{self.address}"
 
     async def run(self) -> None:
         """Serves until `stop`."""

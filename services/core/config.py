@@ -10,6 +10,9 @@ ADMIN_EVENTS_TOPIC = "tollgate.admin-events.v1"
 TOPIC_PARTITIONS = 8
 # Seconds the outbox keeps published rows, to publish again what a broker lost.
 REPUBLISH_WINDOW_SECONDS = 600.0
+ADMIN_TOKEN_ENV = "TOLLGATE_ADMIN_TOKEN"
+# Shorter admin tokens are refused at startup: they can be guessed.
+MIN_ADMIN_TOKEN_LENGTH = 16
 
 
 def consumer_group(name: str, topic: str) -> str:
@@ -52,6 +55,19 @@ def env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+def env_secret(name: str, min_length: int) -> str:
+    """A secret of at least `min_length` characters; empty (unset) when not given."""
+    value = os.environ.get(name, "")
+    if value and len(value) < min_length:
+        raise ConfigError(f"{name} must be at least {min_length} characters long")
+    return value
+
+
+def admin_token_from_env() -> str:
+    """The admin token; empty disables the admin calls."""
+    return env_secret(ADMIN_TOKEN_ENV, MIN_ADMIN_TOKEN_LENGTH)
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:

@@ -17,6 +17,7 @@ from prometheus_client import start_http_server
 from services.core import loop
 from services.core.config import ConfigError, env_int
 from services.core.telemetry import configure_logging, configure_tracing
+from services.core.tls import ServerTls
 
 log = structlog.get_logger(__name__)
 
@@ -97,9 +98,10 @@ def create_server(
     add_servicers: Callable[[grpc.aio.Server], None],
     limits: ServerLimits | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    tls: ServerTls | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A grpc.aio server with the standard health service, within `limits` (by default
-    those of the environment); returns it with its port."""
+    those of the environment), speaking TLS with `tls`; returns it with its port."""
     limits = limits or ServerLimits.from_env()
     server = grpc.aio.server(
         options=limits.options(),
@@ -109,7 +111,10 @@ def create_server(
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(listen)
+    if tls is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, tls.server_credentials())
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     return server, port, health_servicer

@@ -11,10 +11,11 @@ import grpc
 import structlog
 from grpc_health.v1 import health
 
-from services.core.config import CommonSettings, env_float, env_str
+from services.core.config import CommonSettings, admin_token_from_env, env_float, env_str
 from services.core.db import Database, open_db
 from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve, start_metrics
+from services.core.tls import ServerTls
 from services.ledger.consumer import LedgerConsumer
 from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_prices
 from services.ledger.reconcile import DEFAULT_STUCK_AFTER_SECONDS
@@ -37,17 +38,19 @@ class LedgerSettings:
     sweep_grace: float
     # A run not ended this long after its creation is reported stuck.
     stuck_after: float = DEFAULT_STUCK_AFTER_SECONDS
+    tls: ServerTls | None = None
 
     @classmethod
     def from_env(cls) -> LedgerSettings:
         currency = env_str("TOLLGATE_CURRENCY", DEFAULT_CURRENCY)
         return cls(
             common=CommonSettings.from_env(),
-            admin_token=os.environ.get("TOLLGATE_ADMIN_TOKEN", ""),
+            admin_token=admin_token_from_env(),
             prices=parse_prices(os.environ.get("TOLLGATE_PRICES"), currency),
             sweep_interval=env_float("TOLLGATE_LEDGER_SWEEP_INTERVAL", 5.0),
             sweep_grace=env_float("TOLLGATE_LEDGER_SWEEP_GRACE", 10.0),
             stuck_after=env_float("TOLLGATE_LEDGER_STUCK_SECONDS", DEFAULT_STUCK_AFTER_SECONDS),
+            tls=ServerTls.from_env(),
         )
 
 
@@ -65,6 +68,7 @@ def create_ledger_server(
     return create_server(
         settings.common.listen,
         lambda server: ledger_pb2_grpc.add_LedgerServiceServicer_to_server(servicer, server),
+        tls=settings.tls,
     )
 
 

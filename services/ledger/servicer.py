@@ -10,6 +10,7 @@ from google.protobuf import timestamp_pb2
 from services.core.auth import Principal, authenticate
 from services.core.db import Database
 from services.core.errors import InvalidArgument, rpc_errors
+from services.core.ratelimit import FailedAttempts
 from services.core.validation import timestamp_violation
 from services.ledger import reconcile, reports
 from services.ledger.pricing import LedgerEntry
@@ -31,6 +32,8 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
         self.currency = currency
         self.sweep_grace = sweep_grace
         self.stuck_after = stuck_after
+        # Failed authentications per peer: a guesser is slowed here as at the gateway.
+        self.auth_failures = FailedAttempts()
 
     async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         return await authenticate(
@@ -38,6 +41,8 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
             context.invocation_metadata(),
             admin_token=self.admin_token,
             allow_admin=True,
+            peer=context.peer(),
+            failures=self.auth_failures,
         )
 
     @rpc_errors

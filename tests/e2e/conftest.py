@@ -22,7 +22,7 @@ from services.stack.launcher import Services, StackConfig
 from tollgate import AdminClient, Client
 from tollgate.types import RunEvent
 
-ADMIN_TOKEN = "e2e-admin-token"
+ADMIN_TOKEN = "e2e-admin-token-0123456789"
 INTERNAL_TOKEN = "e2e-internal-token"
 INTERNAL = (("authorization", f"Bearer {INTERNAL_TOKEN}"),)
 NUM_KV_BLOCKS = 160

@@ -39,3 +39,33 @@ def test_an_unknown_event_loop_exits_2_naming_it(name: str) -> None:
     done = start(name, {**VALID, "TOLLGATE_EVENT_LOOP": "twisted"})
     assert done.returncode == 2, done.stderr
     assert f"{name}: TOLLGATE_EVENT_LOOP must be one of" in done.stderr
+
+
+# The services with a public port: they take the admin token and the TLS files.
+PUBLIC = ("admission", "ledger")
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_a_short_admin_token_exits_2_naming_it(name: str) -> None:
+    done = start(name, {**VALID, "TOLLGATE_ADMIN_TOKEN": "x" * 15})
+    assert done.returncode == 2, done.stderr
+    assert f"{name}: TOLLGATE_ADMIN_TOKEN must be at least 16 characters long" in done.stderr
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [("TOLLGATE_TLS_CERT", "TOLLGATE_TLS_KEY"), ("TOLLGATE_TLS_KEY", "TOLLGATE_TLS_CERT")],
+)
+def test_half_a_tls_pair_exits_2_naming_the_other_half(name: str, given: str, named: str) -> None:
+    done = start(name, {**VALID, given: "/etc/hostname"})
+    assert done.returncode == 2, done.stderr
+    assert f"{name}: {named} is required when {given} is set" in done.stderr
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_an_unreadable_tls_file_exits_2_naming_it(name: str) -> None:
+    missing = "/nonexistent/tls.pem"
+    done = start(name, {**VALID, "TOLLGATE_TLS_CERT": missing, "TOLLGATE_TLS_KEY": missing})
+    assert done.returncode == 2, done.stderr
+    assert f"{name}: TOLLGATE_TLS_CERT: cannot read {missing}" in done.stderr

@@ -184,3 +184,26 @@ def test_the_dockerfile_and_its_ignore_file() -> None:
     assert "USER tollgate" in dockerfile
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".git", ".venv", ".tollgate"} <= ignored
+
+
+def published_ports(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(host address, host port) of each published port; "" for all interfaces."""
+    found = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            found.append((str(port.get("host_ip", "")), str(port["published"])))
+        else:
+            host, _, rest = str(port).rpartition(":")
+            address, _, published = host.rpartition(":")
+            found.append((address, published))
+    return found
+
+
+def test_only_the_public_ports_are_published_and_the_broker_on_loopback(
+    services: dict[str, Any],
+) -> None:
+    # The internal services and the database are reached over the compose network only.
+    for name in ("scheduler", "worker", "postgres"):
+        assert published_ports(services[name]) == [], name
+    # Anyone who reaches the broker reads every tenant's prompts and writes the topic.
+    assert published_ports(services["kafka"]) == [("127.0.0.1", "29092")]

@@ -19,6 +19,11 @@ from tollgate.client import AdminClient, Client
 from tollgate.errors import TollgateError
 
 DEFAULT_STACK_FILE = Path(".tollgate/stack/stack.json")
+TLS_CA_ENV = "TOLLGATE_TLS_CA"
+TLS_CA_HELP = (
+    "PEM file of the CA (or the self-signed certificate) the servers' TLS certificates are"
+    f" checked against: connect with TLS (env {TLS_CA_ENV}; default: plaintext)"
+)
 NO_STACK_HINT = "start the stack with `tollgate up`"
 
 
@@ -35,6 +40,9 @@ class Connection:
     kafka_bootstrap: str | None
     model: str | None
     timeout: float
+    # PEM roots the gateway's and ledger's TLS certificates are checked against; None:
+    # plaintext.
+    tls_ca: str | None = None
 
     def __repr__(self) -> str:
         # Never the key or token.
@@ -91,6 +99,7 @@ def connection_flags(*, request_timeout: bool = True) -> argparse.ArgumentParser
     group.add_argument("--api-key", help="tenant API key (env TOLLGATE_API_KEY)")
     group.add_argument("--admin-token", help="admin token (env TOLLGATE_ADMIN_TOKEN)")
     group.add_argument("--kafka", help="Kafka bootstrap host:port (env TOLLGATE_KAFKA_BOOTSTRAP)")
+    group.add_argument("--tls-ca", help=TLS_CA_HELP)
     group.add_argument(
         "--stack",
         type=Path,
@@ -107,7 +116,10 @@ def connection_flags(*, request_timeout: bool = True) -> argparse.ArgumentParser
 def tenant_client(connection: Connection) -> Client:
     """A gateway client with the tenant's API key."""
     return Client(
-        connection.require_gateway(), connection.require_api_key(), timeout=connection.timeout
+        connection.require_gateway(),
+        connection.require_api_key(),
+        timeout=connection.timeout,
+        root_certificates=connection.tls_ca,
     )
 
 
@@ -119,6 +131,7 @@ def admin_client(args: argparse.Namespace) -> AdminClient:
         connection.require_admin_token(),
         ledger_address=connection.ledger,
         timeout=connection.timeout,
+        root_certificates=connection.tls_ca,
     )
 
 
@@ -170,6 +183,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         kafka_bootstrap=pick("kafka", "TOLLGATE_KAFKA_BOOTSTRAP", stack.get("kafka_bootstrap")),
         model=stack.get("model") or None,
         timeout=getattr(args, "timeout", None) or 30.0,
+        tls_ca=pick("tls_ca", TLS_CA_ENV, None),
     )
 
 

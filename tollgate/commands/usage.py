@@ -57,13 +57,17 @@ def _iso_time(text: str) -> datetime:
 def _client(args: argparse.Namespace, connection: Connection) -> Client | AdminClient:
     wants_admin = bool(args.tenant) or args.reconcile
     # Only ledger calls are made, so the ledger's address is the client's only one.
-    address, timeout = connection.ledger_address(), connection.timeout
+    address, timeout, roots = connection.ledger_address(), connection.timeout, connection.tls_ca
     if wants_admin and connection.admin_token:
-        return AdminClient(address, connection.admin_token, timeout=timeout)
+        return AdminClient(
+            address, connection.admin_token, timeout=timeout, root_certificates=roots
+        )
     if connection.api_key:
-        return Client(address, connection.api_key, timeout=timeout)
+        return Client(address, connection.api_key, timeout=timeout, root_certificates=roots)
     if connection.admin_token:
-        return AdminClient(address, connection.admin_token, timeout=timeout)
+        return AdminClient(
+            address, connection.admin_token, timeout=timeout, root_certificates=roots
+        )
     raise CommandError("no credentials: pass --api-key or --admin-token, or start the stack")
 
 

@@ -16,6 +16,8 @@ from tests.services.core.kafka_tools import wait_for
 from tests.services.ledger.runs import create_tenant, terminal_run
 from tollgate.v1 import ledger_pb2, ledger_pb2_grpc
 
+ADMIN_TOKEN = "ledger-admin-token"
+
 
 @pytest.fixture
 def ledger_process(
@@ -27,7 +29,7 @@ def ledger_process(
         "TOLLGATE_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "TOLLGATE_TOPIC": kafka_topic,
         "TOLLGATE_LISTEN": "127.0.0.1:0",
-        "TOLLGATE_ADMIN_TOKEN": "admin",
+        "TOLLGATE_ADMIN_TOKEN": ADMIN_TOKEN,
         "TOLLGATE_PRICES": '{"*": {"input_tokens": 3}}',
         # Only the consumer may bill here: the sweep waits far longer than the test.
         "TOLLGATE_LEDGER_SWEEP_GRACE": "600",
