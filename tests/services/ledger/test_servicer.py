@@ -1,3 +1,4 @@
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from services.core.config import CommonSettings
 from services.core.db import Database
 from services.core.errors import status_details
 from services.core.eventstore import EventStore
+from services.core.ratelimit import FAILURE_BURST
 from services.core.schema import kv_reservations, ledger_entries, runs
 from services.ledger.app import LedgerSettings, create_ledger_server
 from services.ledger.pricing import PriceTable
@@ -314,3 +316,18 @@ async def test_reconciliation_reports_runs_stuck_past_the_bound(ledger: Ledger) 
     )
     assert not report.ok
     assert list(report.stuck_run_ids) == [stuck] and young not in report.stuck_run_ids
+
+
+async def test_a_peer_that_keeps_failing_is_held_back(ledger: Ledger) -> None:
+    wrong = auth("tg_0123456789abcdef_" + "x" * 43)
+    for _ in range(FAILURE_BURST):
+        call = ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=wrong)
+        assert await code_of(call) == grpc.StatusCode.UNAUTHENTICATED
+    # Even the right token waits: the address is refused before any key is looked up.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(ADMIN))
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = {type(d).__name__: d for d in status_details(refused.value)}
+    assert details["ErrorInfo"].reason == "RATE_LIMITED"
+    await asyncio.sleep(details["RetryInfo"].retry_delay.ToTimedelta().total_seconds())
+    await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(ADMIN))

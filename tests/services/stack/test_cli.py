@@ -1,13 +1,15 @@
 """`tollgate up --model`: what it accepts, and a clear refusal of anything else."""
 
 import argparse
+import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from services.stack.cli import ensure_model
+from services.stack.cli import ensure_model, redacted, write_stack_file
 from tests.engine.gguf_files import write_gguf
 
 
@@ -85,3 +87,21 @@ def test_an_adapter_that_is_not_one_is_refused(
     with pytest.raises(SystemExit):
         _up_parser().parse_args(["up", "--adapter", f"x={tmp_path}"])
     assert "adapter_config.json" in capsys.readouterr().err
+
+
+def test_the_stack_file_is_private_even_when_it_was_there_before(tmp_path: Path) -> None:
+    path = tmp_path / "stack.json"
+    for left in (path, path.with_name("stack.json.partial")):
+        left.write_text("{}")
+        left.chmod(0o644)
+    write_stack_file(path, {"admin_token": "secret"})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text()) == {"admin_token": "secret"}
+
+
+def test_the_printed_stack_hides_its_secrets() -> None:
+    url = "postgresql+psycopg://postgres:pw-0123456789@127.0.0.1:5432/tollgate"
+    shown = redacted({"admin_token": "t" * 20, "api_key": "k", "database_url": url, "model": "m"})
+    assert "t" * 20 not in json.dumps(shown) and "pw-0123456789" not in json.dumps(shown)
+    assert shown["database_url"] == "postgresql+psycopg://postgres:***@127.0.0.1:5432/tollgate"
+    assert shown["model"] == "m"

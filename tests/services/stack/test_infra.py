@@ -6,16 +6,27 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 import sqlalchemy as sa
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from sqlalchemy.engine import make_url
 
+from services.core.db import libpq_url
 from services.core.parent import die_with_parent
-from services.stack.infra import DATABASE_URL_ENV, KAFKA_BOOTSTRAP_ENV, Endpoints
+from services.stack.infra import (
+    DATABASE_URL_ENV,
+    KAFKA_BOOTSTRAP_ENV,
+    PASSWORD_FILE,
+    Endpoints,
+    LocalInfra,
+    without_password,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Tansu answers JoinGroup only after half the session timeout (5 s by default).
@@ -69,6 +80,21 @@ def test_postgres_answers_through_sqlalchemy_and_psycopg(infra: Endpoints) -> No
             assert connection.scalar(sa.text("SELECT 1")) == 1
     finally:
         db.dispose()
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get(DATABASE_URL_ENV)), reason="the suite runs against an outside database"
+)
+def test_the_embedded_postgres_requires_the_password(infra: Endpoints) -> None:
+    url = make_url(infra.database_url)
+    assert url.password
+    without = sa.engine.URL.create(
+        "postgresql", url.username, None, url.host, url.port, url.database
+    ).render_as_string(hide_password=False)
+    wrong = url.set(password="wrong-" + url.password).render_as_string(hide_password=False)
+    for attempt in (without, wrong):
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(libpq_url(attempt), connect_timeout=5).close()
 
 
 def table_names(url: str) -> set[str]:
@@ -138,8 +164,14 @@ def test_infra_up_prints_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) 
     try:
         line = read_line(process, timeout=120)
         assert line, (tmp_path / "stderr.log").read_text()
-        endpoints = json.loads(line)
-        assert json.loads((data_dir / "infra.json").read_text()) == endpoints
+        endpoints = json.loads((data_dir / "infra.json").read_text())
+        # The password is in files only its owner reads, never on the terminal.
+        password = (data_dir / PASSWORD_FILE).read_text().strip()
+        assert len(password) >= 16 and make_url(endpoints["database_url"]).password == password
+        for private in (data_dir / PASSWORD_FILE, data_dir / "infra.json"):
+            assert private.stat().st_mode & 0o777 == 0o600, private
+        printed = {**endpoints, "database_url": without_password(endpoints["database_url"])}
+        assert json.loads(line) == printed and password not in line
         assert_endpoints_answer(endpoints)
         children = psutil.Process(process.pid).children(recursive=True)
         names = " ".join(command_line(child) for child in children)
@@ -149,7 +181,34 @@ def test_infra_up_prints_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) 
         assert process.wait(timeout=60) == 0
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
+        assert password not in (tmp_path / "stderr.log").read_text()
     finally:
         if process.poll() is None:
             process.kill()  # its servers die with it
             process.wait()
+
+
+def test_a_cluster_that_trusted_local_connections_is_moved_to_passwords(
+    infra: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data dir left by an older `tollgate up`: its cluster trusted every local
+    connection, and there was no password file."""
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, infra.kafka_bootstrap)
+    # Not pytest's tmp_path: other pytest runs on the machine may prune it meanwhile.
+    with tempfile.TemporaryDirectory(prefix="tollgate-test-legacy-") as scratch:
+        data_dir = Path(scratch)
+        with LocalInfra(data_dir):
+            pass
+        (data_dir / PASSWORD_FILE).unlink()
+        hba = data_dir / "postgres" / "pg_hba.conf"
+        hba.write_text(hba.read_text().replace("scram-sha-256", "trust"))
+        with LocalInfra(data_dir) as endpoints:
+            url = make_url(endpoints.database_url)
+            assert url.password == (data_dir / PASSWORD_FILE).read_text().strip()
+            assert_endpoints_answer(
+                {"database_url": endpoints.database_url, "kafka_bootstrap": infra.kafka_bootstrap}
+            )
+            wrong = url.set(password="wrong").render_as_string(hide_password=False)
+            with pytest.raises(psycopg.OperationalError, match="password"):
+                psycopg.connect(libpq_url(wrong), connect_timeout=5).close()

@@ -141,3 +141,40 @@ def test_a_service_that_exits_before_it_is_ready_ends_the_wait_at_once(tmp_path:
     with pytest.raises(launcher.InfraError, match="exited with status 2"):
         process.wait_ready(timeout=120)
     assert time.monotonic() - started < 30
+
+
+def test_only_the_public_services_are_given_the_admin_token_and_tls_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Also when the launching shell has them: only what the launcher gives passes on.
+    for name in launcher.PUBLIC_ONLY_VARIABLES:
+        monkeypatch.setenv(name, f"inherited {name}")
+    services = Services(
+        StackConfig(
+            database_url="postgresql://db/x",
+            kafka_bootstrap="127.0.0.1:9092",
+            model_name="tiny",
+            model_dir=Path("/models/tiny"),
+            admin_token="a-long-enough-admin-token",
+            tls_cert=Path("/tls/cert.pem"),
+            tls_key=Path("/tls/key.pem"),
+        ),
+        Path("/tmp/logs"),
+    )
+    envs = {
+        "scheduler": services.common_env(),
+        "worker": {**services.common_env(), **services.worker_env()},
+        "ledger": {**services.common_env(), **services.public_env()},
+        "admission": {**services.common_env(), **services.admission_env(0, ["s:1"])},
+    }
+    children = {
+        name: launcher.ServiceProcess(name, f"services.{name}", env, Path("/tmp/x.log")).child_env()
+        for name, env in envs.items()
+    }
+    for name in ("scheduler", "worker"):
+        assert not set(launcher.PUBLIC_ONLY_VARIABLES) & set(children[name]), name
+        assert children[name]["TOLLGATE_INTERNAL_TOKEN"] == services.config.internal_token
+    for name in ("ledger", "admission"):
+        assert children[name]["TOLLGATE_ADMIN_TOKEN"] == "a-long-enough-admin-token", name
+        assert children[name]["TOLLGATE_TLS_CERT"] == "/tls/cert.pem"
+        assert children[name]["TOLLGATE_TLS_KEY"] == "/tls/key.pem"

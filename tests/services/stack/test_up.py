@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+from sqlalchemy.engine import make_url
 
 from tollgate import AdminClient, Client
 
@@ -38,6 +40,17 @@ def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout: float =
     time.sleep(0.2)  # written in one go; let the writer close it
 
 
+def wait_for_file_content(
+    path: Path, process: subprocess.Popen[bytes], timeout: float = 180
+) -> None:
+    """Waits until `path` holds more than the `{}` a test left there."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() or path.read_text().strip() in ("", "{}"):
+        assert process.poll() is None, f"tollgate up exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout:.0f}s"
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def start_up(tmp_path: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
     """`tollgate up` on `tmp_path/stack`, its output in `tmp_path/out` and `err`."""
@@ -57,9 +70,13 @@ def is_running(pid: int) -> bool:
 def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -> None:
     data_dir = tmp_path / "stack"
     stack_file = data_dir / "stack.json"
+    # Left readable by an earlier run: written private all the same.
+    data_dir.mkdir()
+    stack_file.write_text("{}")
+    stack_file.chmod(0o644)
     with start_up(tmp_path, "--port", "0") as process:
         try:
-            wait_for_file(stack_file, process)
+            wait_for_file_content(stack_file, process)
             stack: dict[str, Any] = json.loads(stack_file.read_text())
             assert stat.S_IMODE(stack_file.stat().st_mode) == 0o600
             for key in ("gateway", "admin_token", "api_key", "database_url", "kafka_bootstrap"):
@@ -72,6 +89,12 @@ def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -
             assert all(p["address"] for p in processes)
             assert all(is_running(pid) for pid in pids)
             assert stack["gateways"] == [stack["gateway"]]
+            # The admin token reaches only the services with public ports.
+            for name, replicas in stack["services"].items():
+                environ = psutil.Process(replicas[0]["pid"]).environ()
+                has_token = environ.get("TOLLGATE_ADMIN_TOKEN") == stack["admin_token"]
+                assert has_token == (name in ("admission", "ledger")), name
+                assert name in ("admission", "ledger") or "TOLLGATE_ADMIN_TOKEN" not in environ
 
             ledger = stack["services"]["ledger"][0]["address"]
             client = Client(stack["gateway"], stack["api_key"], ledger_address=ledger)
@@ -91,7 +114,9 @@ def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -
     # The secrets are in stack.json alone: not printed, not logged.
     printed = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
     logged = "".join(log.read_text(errors="replace") for log in (data_dir / "logs").glob("*.log"))
-    for secret in (stack["api_key"], stack["admin_token"]):
+    password = make_url(stack["database_url"]).password
+    assert password
+    for secret in (stack["api_key"], stack["admin_token"], password):
         assert secret not in printed and secret not in logged
     assert stack["gateway"] in printed
 
@@ -131,7 +156,7 @@ def test_tollgate_up_runs_replicas_and_restarts_a_process_that_dies(tmp_path: Pa
     replicas = "admission=2,scheduler=2,worker=2,ledger=2"
     with start_up(tmp_path, "--port", "0", "--http-port", "0", "--replicas", replicas) as process:
         try:
-            wait_for_file(stack_file, process)
+            wait_for_file_content(stack_file, process)
             stack: dict[str, Any] = json.loads(stack_file.read_text())
             assert {name: len(p) for name, p in stack["services"].items()} == dict.fromkeys(
                 SERVICES, 2
