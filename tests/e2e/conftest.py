@@ -72,6 +72,7 @@ def running_stack(
     extra_env: Mapping[str, str] | None = None,
     gateway_listen: str = "127.0.0.1:0",
     replicas: Mapping[str, int] | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> Iterator[tuple[Stack, Services]]:
     """The four services on a database and a topic of their own; stopped on the way out."""
     name = f"e2e_{uuid.uuid4().hex}"
@@ -88,6 +89,8 @@ def running_stack(
         topic=topic,
         num_kv_blocks=NUM_KV_BLOCKS,
         gateway_listen=gateway_listen,
+        tls_cert=tls[0] if tls else None,
+        tls_key=tls[1] if tls else None,
         extra_env={
             "TOLLGATE_LEDGER_SWEEP_GRACE": "3",
             "TOLLGATE_MAX_TOKENS": "4096",
@@ -102,7 +105,10 @@ def running_stack(
         services = Services(config, logs, replicas)
         processes = services.start()
         admin = AdminClient(
-            processes["admission"].address, ADMIN_TOKEN, ledger_address=processes["ledger"].address
+            processes["admission"].address,
+            ADMIN_TOKEN,
+            ledger_address=processes["ledger"].address,
+            root_certificates=tls[0] if tls else None,
         )
         try:
             yield (
