@@ -76,6 +76,10 @@ class AdmissionSettings:
                 block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
                 max_queue_depth=env_int("TOLLGATE_MAX_QUEUE_DEPTH", 10_000),
                 tenant_queue_share=env_float("TOLLGATE_TENANT_QUEUE_SHARE", 0.5),
+                max_interactive_queue_depth=env_int("TOLLGATE_MAX_INTERACTIVE_QUEUE_DEPTH", 0),
+                max_batch_queue_depth=env_int("TOLLGATE_MAX_BATCH_QUEUE_DEPTH", 0),
+                batch_kv_watermark=env_float("TOLLGATE_BATCH_KV_WATERMARK", -1.0),
+                interactive_kv_watermark=env_float("TOLLGATE_INTERACTIVE_KV_WATERMARK", -2.0),
                 max_concurrent_streams=env_int(
                     "TOLLGATE_MAX_CONCURRENT_STREAMS", DEFAULT_MAX_CONCURRENT_STREAMS
                 ),

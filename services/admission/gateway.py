@@ -65,13 +65,28 @@ class GatewayConfig:
     # The fraction of `max_queue_depth` one tenant may hold queued, and its floor in runs.
     tenant_queue_share: float = 0.5
     min_tenant_queue_share: int = 100
+    # Per class (0: only `max_queue_depth`), and the free-KV watermarks (backpressure.py).
+    max_interactive_queue_depth: int = 0
+    max_batch_queue_depth: int = 0
+    batch_kv_watermark: float = -1.0
+    interactive_kv_watermark: float = -2.0
     # For tenants whose quota does not set `max_concurrent_streams`; 0 = unlimited.
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
+
+    def __post_init__(self) -> None:
+        # Built once here, so bad watermarks stop the process at start, not a request.
+        _ = self.queue_bounds
 
     @property
     def queue_bounds(self) -> QueueBounds:
         return QueueBounds(
-            self.max_queue_depth, self.tenant_queue_share, self.min_tenant_queue_share
+            self.max_queue_depth,
+            self.tenant_queue_share,
+            self.min_tenant_queue_share,
+            self.max_interactive_queue_depth,
+            self.max_batch_queue_depth,
+            self.batch_kv_watermark,
+            self.interactive_kv_watermark,
         )
 
 
@@ -115,7 +130,12 @@ class Gateway:
         # case, cost no extra query.
         if self.queue_depth is not None:
             refused = await overload_refusal(
-                self.db, self.config.queue_bounds, self.queue_depth.value, tenant_id
+                self.db,
+                self.config.queue_bounds,
+                self.queue_depth.value,
+                self.queue_depth.load,
+                tenant_id,
+                params.priority,
             )
             if refused is not None:
                 existing = await self._existing(tenant_id, params)

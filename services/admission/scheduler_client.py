@@ -15,6 +15,7 @@ import grpc
 import structlog
 
 from services.admission.admit import Admitted
+from services.admission.backpressure import FleetLoad
 from services.core.errors import FieldViolation, InvalidArgument
 from services.core.internal import internal_channel
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -28,11 +29,12 @@ QUEUE_STATS_INTERVAL_S = 1.0
 
 
 class QueueDepth:
-    """The scheduler's queue depth, refreshed in the background for back-pressure, and
-    the fleet's largest pool per model, for runs that could never fit."""
+    """The scheduler's queue depth and the fleet's load, refreshed in the background for
+    back-pressure, and the fleet's largest pool per model, for runs that could never fit."""
 
     def __init__(self) -> None:
         self.value = 0
+        self.load = FleetLoad()
         # model -> the most tokens (prompt + max_tokens) one run may hold on any live
         # worker serving it; a model absent is not known to be served yet.
         self.max_run_tokens: dict[str, int] = {}
@@ -102,11 +104,23 @@ class SchedulerClient:
         while True:
             stats = await self._queue_stats()
             depth.value = int(stats.num_interactive + stats.num_batch) if stats else 0
+            depth.load = fleet_load(stats) if stats else FleetLoad()
             depth.max_run_tokens = dict(stats.max_run_tokens) if stats else {}
             await asyncio.sleep(QUEUE_STATS_INTERVAL_S)
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+def fleet_load(stats: scheduler_pb2.QueueStats) -> FleetLoad:
+    return FleetLoad(
+        num_interactive=stats.num_interactive,
+        num_batch=stats.num_batch,
+        num_free_blocks=stats.num_free_blocks,
+        num_total_blocks=stats.num_total_blocks,
+        num_queued_interactive_blocks=stats.num_queued_interactive_blocks,
+        num_queued_batch_blocks=stats.num_queued_batch_blocks,
+    )
 
 
 def hinted_run(admitted: Admitted) -> scheduler_pb2.HintedRun:

@@ -59,6 +59,7 @@ class SchedulerSettings:
     worker_timeout: float = 5.0
     heartbeat_interval: float = 1.0
     max_skip_age: float = 30.0
+    max_batch_wait: float = 60.0
     # How long a queued run may find no live worker able to hold it before it fails.
     unfit_grace: float = 30.0
     block_size: int = 16
@@ -75,6 +76,7 @@ class SchedulerSettings:
             worker_timeout=env_float("TOLLGATE_WORKER_TIMEOUT", 5.0),
             heartbeat_interval=env_float("TOLLGATE_HEARTBEAT_INTERVAL", 1.0),
             max_skip_age=env_float("TOLLGATE_SCHEDULER_MAX_SKIP_SECONDS", 30.0),
+            max_batch_wait=env_float("TOLLGATE_SCHEDULER_MAX_BATCH_WAIT", 60.0),
             unfit_grace=env_float("TOLLGATE_SCHEDULER_UNFIT_GRACE", 30.0),
             block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
             kafka_session_timeout_ms=env_int("TOLLGATE_KAFKA_SESSION_TIMEOUT_MS", 10_000),
@@ -90,7 +92,9 @@ class SchedulerApp:
         registry = WorkerRegistry(settings.worker_timeout)
         for worker_id, address in settings.workers.items():
             registry.add_static(worker_id, address)
-        self.state = SchedulerState(registry, settings.max_skip_age)
+        self.state = SchedulerState(
+            registry, settings.max_skip_age, max_batch_wait=settings.max_batch_wait
+        )
         self.store = EventStore(db)
         self.repository = SchedulerRepository(db, settings.block_size)
         self.clients = WorkerClients(internal_token=settings.common.internal_token)

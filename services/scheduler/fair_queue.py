@@ -1,12 +1,19 @@
-"""The run queue: two strict classes, weighted fair queuing across tenants.
+"""The run queue: two classes, weighted fair queuing across tenants.
 
-Interactive runs always come before batch runs.  Within a class each tenant
+Interactive runs come before batch runs.  Within a class each tenant
 has its own FIFO, and tenants share dispatches by weighted fair queuing on
 virtual finish tags: dispatching a run of cost c (its KV blocks) advances its
 tenant's tag by c / weight, and the tenant whose next run would finish first
 in virtual time goes next.  So under backlog a tenant of weight 2 gets about
 twice the blocks of a tenant of weight 1, and an idle tenant banks no credit
 (its tag restarts at the class's virtual time).
+
+Batch runs are kept from starving by aging: once the oldest batch run has waited
+`max_batch_wait` seconds it goes ahead of the interactive runs, once; the pick after
+it orders the classes strictly again, so aged batch runs take at most every other
+dispatch and interactive runs keep the rest.  A promoted run that does not fit is
+passed over in its promoted place (it never holds back interactive runs) and keeps
+its place in the batch class.
 
 Runs that do not fit any worker right now (`pick`'s `fits`) are skipped, so a
 large run does not hold back smaller ones behind it.  Skipping is bounded by
@@ -94,6 +101,11 @@ class _ClassQueue:
             if tenant not in self.backlog:
                 del self.finish[tenant]
 
+    def oldest(self) -> Ticket | None:
+        """The ticket that has waited longest: each tenant's first one is its oldest."""
+        heads = [entries[0] for entries in self.backlog.values()]
+        return min(heads, key=lambda entry: entry[:2])[2] if heads else None
+
     def order(self) -> Iterator[Ticket]:
         """Every ticket in dispatch order, as if each were dispatched in turn."""
         heads = [
@@ -119,11 +131,14 @@ class _ClassQueue:
 class FairQueue:
     """Queued runs by class and tenant; each run id at most once."""
 
-    def __init__(self, max_skip_age: float = 30.0) -> None:
+    def __init__(self, max_skip_age: float = 30.0, max_batch_wait: float = 60.0) -> None:
         self.max_skip_age = max_skip_age
+        self.max_batch_wait = max_batch_wait
         self._classes = {queue_class: _ClassQueue() for queue_class in CLASS_ORDER}
         self._tickets: dict[str, Ticket] = {}
         self._arrivals = itertools.count()
+        # Whether the last pick was a batch run promoted by aging: the next is not.
+        self._promoted_last = False
 
     def __len__(self) -> int:
         return len(self._tickets)
@@ -151,9 +166,18 @@ class FairQueue:
         return ticket
 
     def order(self) -> Iterator[Ticket]:
-        """Every queued ticket in dispatch order, when all of them fit."""
+        """Every queued ticket in strict class order, when all of them fit."""
         for queue_class in CLASS_ORDER:
             yield from self._classes[queue_class].order()
+
+    def promoted(self, now: float) -> Ticket | None:
+        """The aged batch ticket that goes ahead of the interactive ones at `now`, if any."""
+        if self._promoted_last or not self._classes[QueueClass.INTERACTIVE].size:
+            return None
+        oldest = self._classes[QueueClass.BATCH].oldest()
+        if oldest is None or now - oldest.enqueued_at < self.max_batch_wait:
+            return None
+        return oldest
 
     def pick(
         self, fits: Predicate, now: float, may_ever_fit: Predicate = lambda _: True
@@ -162,11 +186,19 @@ class FairQueue:
 
         See the module docstring for how non-fitting tickets are skipped.
         """
+        promoted = self.promoted(now)
+        if promoted is not None and fits(promoted):
+            self._promoted_last = True
+            return self._take(promoted)
         for ticket in self.order():
             if fits(ticket):
-                self.remove(ticket.run_id)
-                self._classes[ticket.queue_class].charge(ticket)
-                return ticket
+                self._promoted_last = False
+                return self._take(ticket)
             if may_ever_fit(ticket) and now - ticket.enqueued_at >= self.max_skip_age:
                 return None
         return None
+
+    def _take(self, ticket: Ticket) -> Ticket:
+        self.remove(ticket.run_id)
+        self._classes[ticket.queue_class].charge(ticket)
+        return ticket

@@ -49,6 +49,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             num_workers=stats.num_workers,
             num_free_blocks=stats.num_free_blocks,
             max_run_tokens=stats.max_run_tokens,
+            num_total_blocks=stats.num_total_blocks,
+            num_queued_interactive_blocks=stats.num_queued_interactive_blocks,
+            num_queued_batch_blocks=stats.num_queued_batch_blocks,
         )
 
     @rpc_errors

@@ -27,6 +27,11 @@ class QueueStats:
     num_workers: int
     num_free_blocks: int
     max_run_tokens: dict[str, int]
+    # The live workers' KV blocks, and those the queued runs of each class need: what
+    # admission's watermarks compare the free blocks with.
+    num_total_blocks: int = 0
+    num_queued_interactive_blocks: int = 0
+    num_queued_batch_blocks: int = 0
 
 
 # Ended runs remembered: far more than end between a run's `queued` event and its delivery.
@@ -39,9 +44,10 @@ class SchedulerState:
         registry: WorkerRegistry,
         max_skip_age: float = 30.0,
         max_remembered_ended: int = MAX_REMEMBERED_ENDED,
+        max_batch_wait: float = 60.0,
     ) -> None:
         self.registry = registry
-        self.queue = FairQueue(max_skip_age)
+        self.queue = FairQueue(max_skip_age, max_batch_wait)
         self.queued: dict[str, QueuedRun] = {}
         self.assignments: dict[str, Assignment] = {}
         # Runs taken off the queue whose AssignRun has not settled yet.
@@ -148,6 +154,14 @@ class SchedulerState:
             num_workers=len(alive),
             num_free_blocks=sum(w.num_free_blocks for w in alive),
             max_run_tokens=self.registry.max_run_tokens(),
+            num_total_blocks=sum(w.capacity for w in alive),
+            num_queued_interactive_blocks=self._queued_blocks(QueueClass.INTERACTIVE),
+            num_queued_batch_blocks=self._queued_blocks(QueueClass.BATCH),
+        )
+
+    def _queued_blocks(self, queue_class: QueueClass) -> int:
+        return sum(
+            run.num_kv_blocks for run in self.queued.values() if run.queue_class == queue_class
         )
 
     def never_fitting(self) -> list[QueuedRun]:

@@ -14,7 +14,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("num_interactive", "num_batch", "num_running", "num_workers", "num_free_blocks", "max_run_tokens")
+    __slots__ = ("num_interactive", "num_batch", "num_running", "num_workers", "num_free_blocks", "max_run_tokens", "num_total_blocks", "num_queued_interactive_blocks", "num_queued_batch_blocks")
     class MaxRunTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,13 +28,19 @@ class QueueStats(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_RUN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUEUED_INTERACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUEUED_BATCH_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_interactive: int
     num_batch: int
     num_running: int
     num_workers: int
     num_free_blocks: int
     max_run_tokens: _containers.ScalarMap[str, int]
-    def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    num_total_blocks: int
+    num_queued_interactive_blocks: int
+    num_queued_batch_blocks: int
+    def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ..., num_total_blocks: _Optional[int] = ..., num_queued_interactive_blocks: _Optional[int] = ..., num_queued_batch_blocks: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "boot_id", "adapters")

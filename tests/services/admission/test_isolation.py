@@ -11,6 +11,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from services.admission.backpressure import FleetLoad
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
@@ -225,3 +226,31 @@ async def test_a_peer_that_keeps_failing_is_held_back(admission: Admission) -> N
     assert found["ErrorInfo"].reason == "RATE_LIMITED"
     await asyncio.sleep(found["RetryInfo"].retry_delay.ToTimedelta().total_seconds())
     await admission.gateway.ListRuns(gateway_pb2.ListRunsRequest(), metadata=auth(key))
+
+
+def batch_params(key: str) -> GenerateParams:
+    return GenerateParams(MODEL, "hello", (), Sampling(max_tokens=4), "batch", key, 60)
+
+
+async def test_an_overloaded_fleet_refuses_batch_runs_first(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    tenant, _ = await admission.new_tenant_key("degraded")
+    depth = QueueDepth()
+    gateway = direct_gateway(
+        admission, tiny_model_dir, depth, batch_kv_watermark=0.1, interactive_kv_watermark=-0.5
+    )
+    depth.load = FleetLoad(num_free_blocks=5, num_total_blocks=100)
+    with pytest.raises(Unavailable) as refused:
+        await gateway.start(tenant, batch_params("batch-1"))
+    assert "batch watermark" in str(refused.value) and refused.value.retry_after > 0
+    assert (await gateway.start(tenant, params("interactive-1"))).stored
+    depth.load = FleetLoad(
+        num_free_blocks=0, num_total_blocks=100, num_queued_interactive_blocks=60
+    )
+    with pytest.raises(Unavailable):
+        await gateway.start(tenant, params("interactive-2"))
+    depth.load = FleetLoad(num_free_blocks=90, num_total_blocks=100)
+    assert (await gateway.start(tenant, batch_params("batch-1"))).stored
+    assert await count_runs(admission) == 2
+    await gateway.aclose()

@@ -1,11 +1,13 @@
-"""The scheduler's memory of ended runs (pure: no database, no broker)."""
+"""The scheduler's memory of ended runs, and the load it reports (pure: no database, no
+broker)."""
 
 from collections.abc import Collection
 
+from services.scheduler.fair_queue import QueueClass
 from services.scheduler.intake import Intake
 from services.scheduler.records import QueuedRun
 from services.scheduler.state import SchedulerState
-from services.scheduler.workers import WorkerRegistry
+from services.scheduler.workers import WorkerRegistry, WorkerReport
 
 
 class RecordingRepository:
@@ -41,3 +43,23 @@ def test_ending_one_assignment_is_not_an_end_of_the_run() -> None:
     state = SchedulerState(WorkerRegistry())
     state.forget("requeued", lease_epoch=3)
     assert not state.knows("requeued")
+
+
+def queued(run_id: str, queue_class: QueueClass, num_kv_blocks: int) -> QueuedRun:
+    return QueuedRun(
+        run_id, "t", "m", queue_class, 1, {}, "", 0.0, 0.0, weight=1, num_kv_blocks=num_kv_blocks
+    )
+
+
+def test_stats_give_the_fleet_size_and_the_blocks_each_class_waits_for() -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "host:1")
+    registry.observe("w1", WorkerReport(num_free_blocks=10, num_total_blocks=64), now=0.0)
+    state = SchedulerState(registry)
+    state.enqueue(queued("i1", QueueClass.INTERACTIVE, 3))
+    state.enqueue(queued("i2", QueueClass.INTERACTIVE, 4))
+    state.enqueue(queued("b1", QueueClass.BATCH, 20))
+    stats = state.stats()
+    assert (stats.num_interactive, stats.num_batch) == (2, 1)
+    assert (stats.num_free_blocks, stats.num_total_blocks) == (10, 64)
+    assert (stats.num_queued_interactive_blocks, stats.num_queued_batch_blocks) == (7, 20)
