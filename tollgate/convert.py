@@ -85,6 +85,7 @@ def ledger_entry_of(message: events_pb2.LedgerEntry) -> LedgerEntry:
         unit_price_micros=message.unit_price_micros,
         amount_micros=message.amount_micros,
         create_time=to_datetime(message.create_time, message.HasField("create_time")),
+        discount_micros=message.discount_micros,
     )
 
 

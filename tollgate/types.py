@@ -37,6 +37,8 @@ class LedgerEntry:
     unit_price_micros: int
     amount_micros: int
     create_time: datetime | None = None
+    # What a batch run was let off the list price: amount = quantity × unit price − this.
+    discount_micros: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,4 +125,5 @@ ledger_entries = sa.Table(
     sa.Column("amount_micros", sa.BigInteger, nullable=False),
     sa.Column("currency", sa.Text, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("discount_micros", sa.BigInteger, nullable=False, server_default="0"),
 )

@@ -17,7 +17,7 @@ from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve, start_metrics
 from services.core.tls import ServerTls
 from services.ledger.consumer import LedgerConsumer
-from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_prices
+from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_discount, parse_prices
 from services.ledger.reconcile import DEFAULT_STUCK_AFTER_SECONDS
 from services.ledger.servicer import LedgerServicer
 from services.ledger.sweep import Sweeper
@@ -46,7 +46,11 @@ class LedgerSettings:
         return cls(
             common=CommonSettings.from_env(),
             admin_token=admin_token_from_env(),
-            prices=parse_prices(os.environ.get("TOLLGATE_PRICES"), currency),
+            prices=parse_prices(
+                os.environ.get("TOLLGATE_PRICES"),
+                currency,
+                parse_discount(os.environ.get("TOLLGATE_BATCH_DISCOUNT")),
+            ),
             sweep_interval=env_float("TOLLGATE_LEDGER_SWEEP_INTERVAL", 5.0),
             sweep_grace=env_float("TOLLGATE_LEDGER_SWEEP_GRACE", 10.0),
             stuck_after=env_float("TOLLGATE_LEDGER_STUCK_SECONDS", DEFAULT_STUCK_AFTER_SECONDS),

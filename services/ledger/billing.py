@@ -101,4 +101,5 @@ def billable(view: RunView) -> BillableRun:
         idempotency_key=view.idempotency_key or f"run:{view.run_id}",
         model=view.model,
         usage=TokenUsage.from_payload(view.usage),
+        priority=view.priority,
     )

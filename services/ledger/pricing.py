@@ -1,7 +1,10 @@
 """Prices and the ledger entries of one run, free of I/O.
 
 Money is integer micro-units of the currency, never floats: an amount is
-`quantity * unit_price_micros`, exact.
+`quantity * unit_price_micros - discount_micros`, exact. A batch run's entries carry the
+batch discount (`TOLLGATE_BATCH_DISCOUNT`, a fraction of the list price) in
+`discount_micros`, rounded down, so the ledger shows the list price and what was taken
+off it; interactive runs pay the list price.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from services.core.config import ConfigError
@@ -26,6 +30,7 @@ DEFAULT_UNIT_PRICES: Mapping[str, int] = {
     OUTPUT_TOKENS: 8,
 }
 DEFAULT_CURRENCY = "USD"
+INTERACTIVE, BATCH = "interactive", "batch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,14 @@ class PriceTable:
 
     models: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     currency: str = DEFAULT_CURRENCY
+    # The fraction of the list price batch runs do not pay, in [0, 1].
+    batch_discount: Fraction = Fraction(0)
+
+    def discount_micros(self, priority: str, gross_micros: int) -> int:
+        """What a run of `priority` is let off of `gross_micros`, rounded down."""
+        if priority != BATCH:
+            return 0
+        return gross_micros * self.batch_discount.numerator // self.batch_discount.denominator
 
     def unit_price(self, model: str, billing_type: str) -> int:
         for prices in (self.models.get(model), self.models.get(ANY_MODEL), DEFAULT_UNIT_PRICES):
@@ -46,17 +59,34 @@ class PriceTable:
         raise KeyError(billing_type)
 
 
-def parse_prices(raw: str | None, currency: str = DEFAULT_CURRENCY) -> PriceTable:
+def parse_prices(
+    raw: str | None, currency: str = DEFAULT_CURRENCY, batch_discount: Fraction = Fraction(0)
+) -> PriceTable:
     """Parses TOLLGATE_PRICES: {"<model>|*": {"<billing_type>": <int micros per token>}}."""
     if not raw:
-        return PriceTable(currency=currency)
+        return PriceTable(currency=currency, batch_discount=batch_discount)
     try:
         document = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"TOLLGATE_PRICES is not JSON: {exc}") from None
     if not isinstance(document, dict):
         raise ConfigError("TOLLGATE_PRICES must be a JSON object of models")
-    return PriceTable({str(m): _model_prices(m, p) for m, p in document.items()}, currency)
+    models = {str(m): _model_prices(m, p) for m, p in document.items()}
+    return PriceTable(models, currency, batch_discount)
+
+
+def parse_discount(raw: str | None) -> Fraction:
+    """Parses TOLLGATE_BATCH_DISCOUNT: a fraction of the list price in [0, 1], e.g. 0.5."""
+    if not raw:
+        return Fraction(0)
+    try:
+        # From the decimal text, not a float: 0.1 is one tenth, not 0.1000000000000000055.
+        discount = Fraction(raw.strip())
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"TOLLGATE_BATCH_DISCOUNT is not a number: {raw!r}") from None
+    if not 0 <= discount <= 1:
+        raise ConfigError(f"TOLLGATE_BATCH_DISCOUNT must be between 0 and 1, not {raw!r}")
+    return discount
 
 
 def _model_prices(model: str, prices: Any) -> dict[str, int]:
@@ -107,6 +137,7 @@ class BillableRun:
     idempotency_key: str
     model: str
     usage: TokenUsage
+    priority: str = INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +153,7 @@ class LedgerEntry:
     amount_micros: int
     currency: str
     created_at: datetime | None = None
+    discount_micros: int = 0
 
 
 def entry_id(run_id: str, billing_type: str) -> str:
@@ -133,6 +165,7 @@ def price_run(run: BillableRun, prices: PriceTable) -> list[LedgerEntry]:
     entries = []
     for billing_type, quantity in run.usage.quantities().items():
         unit_price = prices.unit_price(run.model, billing_type)
+        discount = prices.discount_micros(run.priority, quantity * unit_price)
         entries.append(
             LedgerEntry(
                 entry_id=entry_id(run.run_id, billing_type),
@@ -143,8 +176,9 @@ def price_run(run: BillableRun, prices: PriceTable) -> list[LedgerEntry]:
                 model=run.model,
                 quantity=quantity,
                 unit_price_micros=unit_price,
-                amount_micros=quantity * unit_price,
+                amount_micros=quantity * unit_price - discount,
                 currency=prices.currency,
+                discount_micros=discount,
             )
         )
     return entries
@@ -174,6 +208,8 @@ def _entry_json(entry: LedgerEntry) -> dict[str, Any]:
         "unit_price_micros": entry.unit_price_micros,
         "amount_micros": entry.amount_micros,
     }
+    if entry.discount_micros:
+        document["discount_micros"] = entry.discount_micros
     if entry.created_at is not None:
         document["create_time"] = entry.created_at.isoformat().replace("+00:00", "Z")
     return document

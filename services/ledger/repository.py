@@ -46,11 +46,13 @@ async def lock_run(conn: AsyncConnection, run_id: str) -> tuple[RunView, str] | 
 _WRITE_BILL = """
     WITH inserted AS (
         INSERT INTO ledger_entries (entry_id, tenant_id, run_id, idempotency_key, billing_type,
-                                    model, quantity, unit_price_micros, amount_micros, currency)
+                                    model, quantity, unit_price_micros, amount_micros, currency,
+                                    discount_micros)
         SELECT * FROM unnest(%(entry_ids)s::text[], %(tenant_ids)s::text[], %(run_ids)s::text[],
                              %(keys)s::text[], %(billing_types)s::text[], %(models)s::text[],
                              %(quantities)s::bigint[], %(unit_prices)s::bigint[],
-                             %(amounts)s::bigint[], %(currencies)s::text[])
+                             %(amounts)s::bigint[], %(currencies)s::text[],
+                             %(discounts)s::bigint[])
         ON CONFLICT DO NOTHING
         RETURNING *
     ), released AS (
@@ -85,6 +87,7 @@ async def write_bill(
         "unit_prices": [e.unit_price_micros for e in entries],
         "amounts": [e.amount_micros for e in entries],
         "currencies": [e.currency for e in entries],
+        "discounts": [e.discount_micros for e in entries],
         "run_id": run.run_id,
         "tenant_id": run.tenant_id,
         "key": run.idempotency_key,
@@ -199,4 +202,5 @@ def entry_from_row(row: Mapping[Any, Any]) -> LedgerEntry:
         amount_micros=row["amount_micros"],
         currency=row["currency"],
         created_at=row["created_at"],
+        discount_micros=row["discount_micros"],
     )

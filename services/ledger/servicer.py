@@ -138,6 +138,7 @@ def entry_to_proto(entry: LedgerEntry) -> events_pb2.LedgerEntry:
         quantity=entry.quantity,
         unit_price_micros=entry.unit_price_micros,
         amount_micros=entry.amount_micros,
+        discount_micros=entry.discount_micros,
     )
     if entry.created_at is not None:
         message.create_time.FromDatetime(entry.created_at)

@@ -102,7 +102,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., kv_blocks_peak: _Optional[int] = ..., kv_block_seconds: _Optional[float] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
-    __slots__ = ("entry_id", "tenant_id", "run_id", "idempotency_key", "billing_type", "quantity", "unit_price_micros", "amount_micros", "create_time")
+    __slots__ = ("entry_id", "tenant_id", "run_id", "idempotency_key", "billing_type", "quantity", "unit_price_micros", "amount_micros", "create_time", "discount_micros")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class LedgerEntry(_message.Message):
     UNIT_PRICE_MICROS_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_MICROS_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    DISCOUNT_MICROS_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
     tenant_id: str
     run_id: str
@@ -121,7 +122,8 @@ class LedgerEntry(_message.Message):
     unit_price_micros: int
     amount_micros: int
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, entry_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., run_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., billing_type: _Optional[str] = ..., quantity: _Optional[int] = ..., unit_price_micros: _Optional[int] = ..., amount_micros: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    discount_micros: int
+    def __init__(self, entry_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., run_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., billing_type: _Optional[str] = ..., quantity: _Optional[int] = ..., unit_price_micros: _Optional[int] = ..., amount_micros: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., discount_micros: _Optional[int] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("model", "priority", "sampling", "prompt_token_ids", "idempotency_key", "num_kv_blocks", "requeue_reason")

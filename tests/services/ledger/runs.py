@@ -38,14 +38,18 @@ def usage(prompt: int = 10, cached: int = 4, output: int = 5) -> dict[str, int |
     }
 
 
-async def queued_run(store: EventStore, tenant_id: str = "t1", model: str = "tiny") -> str:
+async def queued_run(
+    store: EventStore, tenant_id: str = "t1", model: str = "tiny", priority: str = "interactive"
+) -> str:
     """A queued run holding a KV reservation, as admission leaves it."""
     run_id = str(uuid.uuid4())
     await store.append(
         run_id,
         0,
         [NewEvent(RunState.QUEUED, {"model": model, "prompt_token_ids": [1, 2, 3]})],
-        new_run=NewRun(tenant_id=tenant_id, model=model, idempotency_key=f"run:{run_id}"),
+        new_run=NewRun(
+            tenant_id=tenant_id, model=model, priority=priority, idempotency_key=f"run:{run_id}"
+        ),
     )
     async with store.db.begin() as conn:
         await conn.execute(
@@ -61,10 +65,11 @@ async def terminal_run(
     kind: RunState = RunState.COMPLETED,
     run_usage: dict[str, int | float] | None = None,
     model: str = "tiny",
+    priority: str = "interactive",
 ) -> str:
     """A run that went queued → prefill → streaming → `kind`, not yet billed; it streamed
     as many tokens as its usage says."""
-    run_id = await queued_run(store, tenant_id, model)
+    run_id = await queued_run(store, tenant_id, model, priority)
     run_usage = run_usage or usage()
     payload: dict[str, Any] = {"usage": run_usage}
     if kind == RunState.COMPLETED:

@@ -1,3 +1,5 @@
+from fractions import Fraction
+
 import sqlalchemy as sa
 
 from services.core.codec import payload_of, to_proto
@@ -7,6 +9,7 @@ from services.core.runs import RunState
 from services.core.schema import kv_reservations, ledger_entries
 from services.ledger.billing import bill_run
 from services.ledger.pricing import PriceTable
+from services.ledger.reconcile import Scope, check
 from tests.services.ledger.runs import entry_count, queued_run, terminal_run, usage
 
 
@@ -86,3 +89,30 @@ async def test_cancelled_run_without_reservation_is_billed_at_its_usage(
     assert result is not None and result.num_released == 0
     assert result.amount_micros == 15 and result.currency == "EUR"
     assert [e.quantity for e in result.entries] == [3, 0, 0]
+
+
+async def test_a_batch_run_is_billed_at_the_discount_and_the_entries_show_it(
+    store: EventStore, db: Database
+) -> None:
+    prices = PriceTable(batch_discount=Fraction(1, 2))
+    run_id = await terminal_run(
+        store, run_usage=usage(prompt=10, cached=4, output=5), priority="batch"
+    )
+    interactive_id = await terminal_run(store, run_usage=usage(prompt=10, cached=4, output=5))
+
+    result = await bill(db, run_id, prices)
+    assert result is not None and result.amount_micros == (12 + 4 + 40) // 2
+    assert {(e.billing_type, e.unit_price_micros, e.discount_micros) for e in result.entries} == {
+        ("input_tokens", 2, 6),
+        ("cached_input_tokens", 1, 2),
+        ("output_tokens", 8, 20),
+    }
+    [billed] = [e for e in await store.read(run_id) if e.kind == RunState.BILLED]
+    message = to_proto(billed)
+    assert message.billed.amount_micros == 28
+    assert sum(entry.discount_micros for entry in message.billed.entries) == 28
+    listed = await bill(db, interactive_id, prices)
+    assert listed is not None and listed.amount_micros == 56
+    assert all(entry.discount_micros == 0 for entry in listed.entries)
+    report = await check(db, Scope(), unbilled_grace=10)
+    assert report.mismatched_run_ids == []

@@ -1,3 +1,5 @@
+from fractions import Fraction
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from services.ledger.pricing import (
     PriceTable,
     TokenUsage,
     billed_payload,
+    parse_discount,
     parse_prices,
     price_run,
 )
@@ -107,3 +110,29 @@ def test_an_adapter_is_billed_under_its_own_name_and_price() -> None:
     assert tuned["output_tokens"].model == "tiny-sql"
     assert (tuned["output_tokens"].amount_micros, base["output_tokens"].amount_micros) == (120, 80)
     assert tuned["input_tokens"].unit_price_micros == 2  # unpriced types fall back as usual
+
+
+def test_batch_runs_pay_the_list_price_less_the_discount_rounded_down() -> None:
+    table = parse_prices(None, batch_discount=parse_discount("0.3"))
+    usage = TokenUsage(prompt_tokens=10, cached_prompt_tokens=4, output_tokens=5)
+    batch = price_run(BillableRun("r1", "t1", "run:r1", "tiny", usage, "batch"), table)
+    assert [(e.unit_price_micros, e.discount_micros, e.amount_micros) for e in batch] == [
+        (2, 3, 9),  # 6 input tokens: 12 at list price, 3.6 off
+        (1, 1, 3),
+        (8, 12, 28),
+    ]
+    interactive = price_run(run(usage), table)
+    assert [e.discount_micros for e in interactive] == [0, 0, 0]
+    assert billed_payload(batch, "USD")["entries"][2]["discount_micros"] == 12
+    assert "discount_micros" not in billed_payload(interactive, "USD")["entries"][0]
+
+
+def test_no_batch_discount_by_default() -> None:
+    assert parse_discount(None) == parse_discount("") == 0
+    assert parse_discount("0.5") == Fraction(1, 2)
+
+
+@pytest.mark.parametrize("raw", ["half", "-0.1", "1.5", "nan"])
+def test_a_batch_discount_outside_0_to_1_is_a_config_error(raw: str) -> None:
+    with pytest.raises(ConfigError, match="TOLLGATE_BATCH_DISCOUNT"):
+        parse_discount(raw)
