@@ -1,0 +1,226 @@
+"""A light tenant's interactive TTFT alone and during another tenant's flood of runs.
+
+    python -m bench.fairness [--flood-runs 200] [--samples 40] [--quick]
+
+Starts the four services (`bench.stack_sides.running_stack`, as `bench.isolation` does)
+on a tiny random Llama, and two tenants of the same weight. The light tenant sends
+interactive Generate requests one after another, a few tokens each, and times each to
+its first token (`bench.isolation.quiet_ttfts`). First alone; then while the flooding
+tenant, in a process of its own, keeps `--flood-runs` runs in flight, half of them batch
+and half interactive, each followed by another as soon as it ends, far more than the
+worker's KV cache holds at once. The scheduler's fair queuing should put each light run
+ahead of the flood's backlog within a few dispatches, so its TTFT grows only by the time
+a flood run takes to free its blocks and by the busier engine steps. The ratios of the
+flooded to the lone TTFT at p50 and p99 are the figures (targets <= 1.5 and <= 2).
+
+The flood's quota lets every run and stream in (0 = unlimited): fairness, not a quota,
+has to protect the light tenant. The last line is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from queue import Queue
+from typing import Any
+
+from bench.isolation import TINY_SHAPE, quiet_ttfts, tenant_key
+from bench.report import percentile, progress
+from bench.stack_sides import (
+    MODEL_NAME,
+    make_stack_workload,
+    run_stack_bench,
+    running_stack,
+    warm_up,
+)
+from engine.tokenizer import Tokenizer
+from engine.tools.tiny import init_tiny_model
+from tollgate import AsyncClient
+from tollgate.errors import TollgateError
+
+P50_RATIO_TARGET = 1.5
+P99_RATIO_TARGET = 2.0
+LIGHT_PROMPT_TOKENS = 24
+LIGHT_MAX_TOKENS = 4
+FLOOD_START_TIMEOUT_S = 120.0
+REFUSED_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Flood:
+    """What the flooding tenant keeps in flight: `num_runs` runs of `max_tokens`, every
+    other one batch."""
+
+    gateway: str
+    api_key: str
+    num_runs: int
+    max_tokens: int
+
+
+def flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -> None:
+    """The flooding tenant, in a process of its own: tells `reports` once every one of its
+    runs was queued, keeps them coming until `stop`, then cancels the ones in flight and
+    reports how many runs of each class it completed and how many were refused."""
+    asyncio.run(_flood(plan, reports, stop))
+
+
+async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -> None:
+    counts: Counter[str] = Counter()
+    in_flight: dict[int, str] = {}
+    queued = asyncio.Event()
+    async with AsyncClient(plan.gateway, plan.api_key) as client:
+
+        async def keep_one_going(slot: int) -> None:
+            priority = "batch" if slot % 2 else "interactive"
+            while True:
+                stream = client.generate(
+                    f"flood {slot} {counts[priority]}",
+                    model=MODEL_NAME,
+                    max_tokens=plan.max_tokens,
+                    temperature=0,
+                    ignore_eos=True,
+                    priority=priority,
+                    disconnect_grace=1.0,
+                )
+                try:
+                    async with stream:
+                        async for event in stream:
+                            if event.kind == "queued":
+                                in_flight[slot] = event.run_id
+                                counts["queued"] += 1
+                                if counts["queued"] >= plan.num_runs:
+                                    queued.set()
+                    counts[f"{priority}_ended"] += 1
+                except TollgateError as error:
+                    counts[f"{priority}_refused_{type(error).__name__}"] += 1
+                    await asyncio.sleep(REFUSED_PAUSE_S)
+                in_flight.pop(slot, None)
+
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(keep_one_going(slot)) for slot in range(plan.num_runs)]
+        await queued.wait()
+        reports.put({"seconds_to_queue": round(time.perf_counter() - started, 2)})
+        await asyncio.to_thread(stop.wait)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for run_id in list(in_flight.values()):
+            await client.cancel_run(run_id)
+    reports.put(dict(counts))
+
+
+async def flooded_ttfts(
+    client: AsyncClient, plan: Flood, prompts: list[str]
+) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    """The prompts' TTFTs while a flood process keeps its runs coming; with what it
+    reported once they were queued and once it stopped."""
+    context = multiprocessing.get_context("spawn")
+    reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
+    stop = context.Event()
+    process = context.Process(target=flood, args=(plan, reports, stop))
+    process.start()
+    try:
+        started = await asyncio.to_thread(reports.get, timeout=FLOOD_START_TIMEOUT_S)
+        progress(f"flood: {plan.num_runs} runs in flight after {started['seconds_to_queue']} s")
+        ttfts = await quiet_ttfts(client, prompts)
+    finally:
+        stop.set()
+    ended = await asyncio.to_thread(reports.get, timeout=FLOOD_START_TIMEOUT_S)
+    await asyncio.to_thread(process.join, 30)
+    return ttfts, started, ended
+
+
+async def measure(
+    args: argparse.Namespace, gateway: str, api_key: str, admin: str
+) -> dict[str, Any]:
+    prompts = make_stack_workload(
+        Tokenizer.from_model_dir(args.model_dir),
+        1,
+        LIGHT_PROMPT_TOKENS,
+        LIGHT_MAX_TOKENS,
+        args.seed,
+        2 * args.samples,
+    ).prompts
+    plan = Flood(
+        gateway, await tenant_key(gateway, admin, "flood", 0), args.flood_runs, args.flood_tokens
+    )
+    async with AsyncClient(gateway, api_key) as client:
+        await warm_up(client, prompts[0])
+        progress("the light tenant alone")
+        alone = await quiet_ttfts(client, prompts[: args.samples])
+        progress("the light tenant during the flood")
+        during, started, ended = await flooded_ttfts(client, plan, prompts[args.samples :])
+    return report(args, alone, during, {**started, **ended})
+
+
+def report(
+    args: argparse.Namespace, alone: list[float], during: list[float], flood: dict[str, Any]
+) -> dict[str, Any]:
+    print(f"{'light tenant':<28}{'samples':>8}{'ttft p50':>10}{'ttft p99':>10}")
+    for name, ttfts in (("alone", alone), (f"during {args.flood_runs} flood runs", during)):
+        print(
+            f"{name:<28}{len(ttfts):>8}{percentile(ttfts, 50):>10.1f}{percentile(ttfts, 99):>10.1f}"
+        )
+    p50 = percentile(during, 50) / percentile(alone, 50)
+    p99 = percentile(during, 99) / percentile(alone, 99)
+    print(f"TTFT during the flood / alone: p50 {p50:.2f} (target <= {P50_RATIO_TARGET}), "
+          f"p99 {p99:.2f} (target <= {P99_RATIO_TARGET})")  # fmt: skip
+    return {
+        "flood_runs": args.flood_runs,
+        "flood_tokens": args.flood_tokens,
+        "samples": args.samples,
+        "flood": flood,
+        "alone_ttft_p50_ms": round(percentile(alone, 50), 2),
+        "alone_ttft_p99_ms": round(percentile(alone, 99), 2),
+        "flood_ttft_p50_ms": round(percentile(during, 50), 2),
+        "flood_ttft_p99_ms": round(percentile(during, 99), 2),
+        "ttft_p50_ratio": round(p50, 3),
+        "ttft_p99_ratio": round(p99, 3),
+        "meets_target": p50 <= P50_RATIO_TARGET and p99 <= P99_RATIO_TARGET,
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--flood-runs", type=int, default=200, help="runs the flood keeps going")
+    parser.add_argument("--flood-tokens", type=int, default=64, help="output tokens of each")
+    parser.add_argument("--samples", type=int, help="light requests per side (default 40)")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (16)")
+    parser.add_argument("--kv-blocks", type=int, default=300)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-batched-tokens", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
+    args = parser.parse_args()
+    args.samples = args.samples or (16 if args.quick else 40)
+    if args.flood_runs < 2:
+        parser.error("--flood-runs must be at least 2: batch and interactive")
+    return args
+
+
+def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    progress("generating the tiny model")
+    args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
+    log_dir = args.logs or scratch / "logs"
+    progress(f"starting the stack (logs in {log_dir})")
+    with running_stack(scratch, args.model_dir, args, log_dir) as running:
+        work = measure(args, running.gateway, running.api_key, running.admin_token)
+        return asyncio.run(asyncio.wait_for(work, args.timeout))
+
+
+def main() -> int:
+    return run_stack_bench(bench, parse_args(), "fairness")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
