@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import sys
 import time
 from collections import Counter
@@ -31,17 +30,10 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
-from bench.isolation import TINY_SHAPE, quiet_ttfts, tenant_key
+from bench.isolation import on_tiny_stack, quiet_ttfts, tenant_key, ttfts_beside
 from bench.report import percentile, progress
-from bench.stack_sides import (
-    MODEL_NAME,
-    make_stack_workload,
-    run_stack_bench,
-    running_stack,
-    warm_up,
-)
+from bench.stack_sides import MODEL_NAME, make_stack_workload, run_stack_bench, warm_up
 from engine.tokenizer import Tokenizer
-from engine.tools.tiny import init_tiny_model
 from tollgate import AsyncClient
 from tollgate.errors import TollgateError
 
@@ -49,7 +41,6 @@ P50_RATIO_TARGET = 1.5
 P99_RATIO_TARGET = 2.0
 LIGHT_PROMPT_TOKENS = 24
 LIGHT_MAX_TOKENS = 4
-FLOOD_START_TIMEOUT_S = 120.0
 REFUSED_PAUSE_S = 0.5
 
 
@@ -116,25 +107,8 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
     reports.put(dict(counts))
 
 
-async def flooded_ttfts(
-    client: AsyncClient, plan: Flood, prompts: list[str]
-) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
-    """The prompts' TTFTs while a flood process keeps its runs coming; with what it
-    reported once they were queued and once it stopped."""
-    context = multiprocessing.get_context("spawn")
-    reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
-    stop = context.Event()
-    process = context.Process(target=flood, args=(plan, reports, stop))
-    process.start()
-    try:
-        started = await asyncio.to_thread(reports.get, timeout=FLOOD_START_TIMEOUT_S)
-        progress(f"flood: {plan.num_runs} runs in flight after {started['seconds_to_queue']} s")
-        ttfts = await quiet_ttfts(client, prompts)
-    finally:
-        stop.set()
-    ended = await asyncio.to_thread(reports.get, timeout=FLOOD_START_TIMEOUT_S)
-    await asyncio.to_thread(process.join, 30)
-    return ttfts, started, ended
+def _queued_progress(started: dict[str, Any]) -> None:
+    progress(f"flood: every run queued after {started['seconds_to_queue']} s")
 
 
 async def measure(
@@ -156,7 +130,9 @@ async def measure(
         progress("the light tenant alone")
         alone = await quiet_ttfts(client, prompts[: args.samples])
         progress("the light tenant during the flood")
-        during, started, ended = await flooded_ttfts(client, plan, prompts[args.samples :])
+        during, started, ended = await ttfts_beside(
+            client, flood, plan, prompts[args.samples :], _queued_progress
+        )
     return report(args, alone, during, {**started, **ended})
 
 
@@ -209,13 +185,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    progress("generating the tiny model")
-    args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
-    log_dir = args.logs or scratch / "logs"
-    progress(f"starting the stack (logs in {log_dir})")
-    with running_stack(scratch, args.model_dir, args, log_dir) as running:
-        work = measure(args, running.gateway, running.api_key, running.admin_token)
-        return asyncio.run(asyncio.wait_for(work, args.timeout))
+    return on_tiny_stack(args, scratch, measure)
 
 
 def main() -> int:

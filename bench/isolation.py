@@ -27,6 +27,7 @@ import asyncio
 import multiprocessing
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
@@ -213,20 +214,37 @@ async def flooded_ttfts(
 ) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
     """The prompts' TTFTs while a flood process holds its streams; with what it reported
     once they were open and once it closed them."""
+    return await ttfts_beside(client, flood, plan, prompts, _opened_progress)
+
+
+def _opened_progress(opened: dict[str, Any]) -> None:
+    progress(f"flood: {opened['opened']} streams open, {opened['refused']} refused")
+
+
+async def ttfts_beside(
+    client: AsyncClient,
+    target: Callable[[Any, Queue[dict[str, Any]], EventType], None],
+    plan: object,
+    prompts: list[str],
+    on_started: Callable[[dict[str, Any]], None],
+) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
+    """The prompts' TTFTs while `target(plan, reports, stop)` runs in a process of its own
+    (so reading its streams does not slow this one's client); measured once it reports it
+    started (`on_started` is told what), and with what it reports once `stop` ends it."""
     context = multiprocessing.get_context("spawn")
     reports: Queue[dict[str, Any]] = context.Queue()  # type: ignore[assignment]
     stop = context.Event()
-    process = context.Process(target=flood, args=(plan, reports, stop))
+    process = context.Process(target=target, args=(plan, reports, stop))
     process.start()
     try:
-        opened = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
-        progress(f"flood: {opened['opened']} streams open, {opened['refused']} refused")
+        started = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
+        on_started(started)
         ttfts = await quiet_ttfts(client, prompts)
     finally:
         stop.set()
-    closed = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
+    ended = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
     await asyncio.to_thread(process.join, 30)
-    return ttfts, opened, closed
+    return ttfts, started, ended
 
 
 def report(
@@ -300,12 +318,26 @@ def parse_args() -> argparse.Namespace:
 
 
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    # Long enough for the blocker; no flood run waits long enough to hold up smaller ones.
+    env = {"TOLLGATE_MAX_TOKENS": str(args.blocker_tokens), SKIP_SECONDS: "3600"}
+    return on_tiny_stack(args, scratch, measure, env)
+
+
+Measure = Callable[[argparse.Namespace, str, str, str], Awaitable[dict[str, Any]]]
+
+
+def on_tiny_stack(
+    args: argparse.Namespace,
+    scratch: Path,
+    measure: Measure,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """`measure(args, gateway, api_key, admin_token)` on the four services serving a tiny
+    random Llama (`args.model_dir`), with `env` in their environment."""
     progress("generating the tiny model")
     args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
     log_dir = args.logs or scratch / "logs"
     progress(f"starting the stack (logs in {log_dir})")
-    # Long enough for the blocker; no flood run waits long enough to hold up smaller ones.
-    env = {"TOLLGATE_MAX_TOKENS": str(args.blocker_tokens), SKIP_SECONDS: "3600"}
     with running_stack(scratch, args.model_dir, args, log_dir, env) as running:
         work = measure(args, running.gateway, running.api_key, running.admin_token)
         return asyncio.run(asyncio.wait_for(work, args.timeout))
