@@ -3,15 +3,15 @@
 `ledger_entries.discount_micros`: amount_micros = quantity × unit_price_micros −
 discount_micros; 0 for every entry written before, which paid the list price.
 
-Revision ID: 0011
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
