@@ -28,8 +28,9 @@ from services.core.config import (
 )
 from services.core.db import open_db
 from services.core.eventstore import EventStore
+from services.core.metrics import start_metrics
 from services.core.relay import OutboxRelay
-from services.core.server import bound_address, create_server, serve, start_metrics
+from services.core.server import bound_address, create_server, serve
 from services.core.tls import ServerTls
 from tollgate.v1 import (
     admin_pb2_grpc,
@@ -136,7 +137,8 @@ async def main(settings: AdmissionSettings) -> None:
     endpoints = {"http": http.url} if http is not None else {}
     if http is not None:
         background.append(http.run())
-    metrics_port = start_metrics(settings.common.metrics_port)
+    metrics_port, metrics_tasks = start_metrics(settings.common.metrics, "admission", db)
+    background.extend(metrics_tasks)
     address = bound_address(settings.common.listen, port)
     log.info(
         "serving", address=address, metrics_port=metrics_port, models=catalog.names(), **endpoints

@@ -33,6 +33,7 @@ from services.admission.stream_limits import (
     StreamLimits,
 )
 from services.admission.tenants import TenantRepository
+from services.admission.tracing import generate_span
 from services.core.codec import encoded_size
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused
@@ -122,7 +123,16 @@ class Gateway:
 
     async def start(self, tenant_id: str, params: GenerateParams) -> Started:
         """Admits a new run, or finds the run this idempotency key already names; with the
-        `queued` event when this call stored it (to `follow`)."""
+        `queued` event when this call stored it (to `follow`).
+
+        Both fronts start here, so the run's trace starts here: the `queued` event carries
+        this span's context to the scheduler, the worker and the ledger."""
+        with generate_span(tenant_id, params) as span:
+            started = await self._start(tenant_id, params)
+            span.set_attribute("tollgate.run_id", started.run_id)
+            return started
+
+    async def _start(self, tenant_id: str, params: GenerateParams) -> Started:
         validate(params, self.catalog.names(), self.config.limits)
         # Refused before a run exists whose stream would be refused.
         self.streams.check(tenant_id, await self.stream_limits.get(tenant_id))

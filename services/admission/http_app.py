@@ -42,6 +42,7 @@ from services.core.errors import (
     InvalidArgument,
     NotFound,
     as_api_error,
+    count_rejection,
 )
 from services.core.runs import RunState, StoredEvent, is_terminal
 from services.core.telemetry import bound_log_context
@@ -284,6 +285,8 @@ def _json_error(error: ApiError, param_names: Mapping[str, str] | None = None) -
 
 async def _api_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
+    route = request.scope.get("route")
+    count_rejection(getattr(route, "path", "unknown"), error)
     return _json_error(error, getattr(request.state, "param_names", None))
 
 

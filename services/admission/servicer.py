@@ -30,7 +30,7 @@ from services.core.codec import PROTO_STATES, to_proto
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
 from services.core.runs import RunView
-from services.core.telemetry import bound_log_context, get_tracer
+from services.core.telemetry import bound_log_context
 from services.core.validation import duration_seconds, seq_violation, text_violation
 from tollgate.v1 import admin_pb2, admin_pb2_grpc, events_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -67,19 +67,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         assert tenant_id is not None
         params = params_from_proto(request, self.gateway.config.limits)
         require_model(principal, params.model)
-        with get_tracer().start_as_current_span("tollgate.admission.generate") as span:
-            span.set_attribute(
-                "gen_ai.operation.name", "chat" if params.messages else "text_completion"
-            )
-            span.set_attribute("gen_ai.request.model", params.model)
-            span.set_attribute("gen_ai.request.max_tokens", params.sampling.max_tokens)
-            if params.sampling.temperature is not None:
-                span.set_attribute("gen_ai.request.temperature", params.sampling.temperature)
-            if params.sampling.top_p is not None:
-                span.set_attribute("gen_ai.request.top_p", params.sampling.top_p)
-            if params.sampling.top_k is not None:
-                span.set_attribute("gen_ai.request.top_k", params.sampling.top_k)
-            started = await self.gateway.start(tenant_id, params)
+        started = await self.gateway.start(tenant_id, params)
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             events = await self.gateway.follow(
                 tenant_id, started.run_id, 0, params.until_terminal, known=started.stored

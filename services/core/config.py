@@ -13,6 +13,8 @@ REPUBLISH_WINDOW_SECONDS = 600.0
 ADMIN_TOKEN_ENV = "TOLLGATE_ADMIN_TOKEN"
 # Shorter admin tokens are refused at startup: they can be guessed.
 MIN_ADMIN_TOKEN_LENGTH = 16
+# Tenants that get a `tenant` label of their own by default (the rest are `other`).
+DEFAULT_TOP_TENANTS = 20
 
 
 def consumer_group(name: str, topic: str) -> str:
@@ -90,6 +92,38 @@ def env_map(name: str, default: str = "") -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """`listen` is host:port, port 0 for any free one; empty: no /metrics at all."""
+
+    listen: str = ""
+    tenants: frozenset[str] = frozenset()
+    top_tenants: int = DEFAULT_TOP_TENANTS
+
+    @classmethod
+    def from_env(cls) -> MetricsSettings:
+        if os.environ.get("TOLLGATE_METRICS_PORT"):
+            raise ConfigError(
+                "TOLLGATE_METRICS_PORT is replaced by TOLLGATE_METRICS_LISTEN=host:port"
+            )
+        listen = os.environ.get("TOLLGATE_METRICS_LISTEN", "").strip()
+        if listen:
+            parse_listen(listen)
+        top = env_int("TOLLGATE_METRICS_TOP_TENANTS", DEFAULT_TOP_TENANTS)
+        if top < 0:
+            raise ConfigError(f"TOLLGATE_METRICS_TOP_TENANTS must be 0 or more, got {top}")
+        raw = os.environ.get("TOLLGATE_METRICS_TENANTS", "")
+        tenants = frozenset(filter(None, (part.strip() for part in raw.split(","))))
+        return cls(listen=listen, tenants=tenants, top_tenants=top)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"TOLLGATE_METRICS_LISTEN must be host:port, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True, slots=True)
 class CommonSettings:
     """What every service process needs."""
 
@@ -97,7 +131,7 @@ class CommonSettings:
     kafka_bootstrap: str
     topic: str
     listen: str
-    metrics_port: int
+    metrics: MetricsSettings = MetricsSettings()
     internal_token: str = ""
     topic_partitions: int = TOPIC_PARTITIONS
     republish_window: float = REPUBLISH_WINDOW_SECONDS
@@ -110,7 +144,7 @@ class CommonSettings:
             kafka_bootstrap=env_str("TOLLGATE_KAFKA_BOOTSTRAP"),
             topic=env_str("TOLLGATE_TOPIC", RUN_EVENTS_TOPIC),
             listen=env_str("TOLLGATE_LISTEN", default_listen),
-            metrics_port=env_int("TOLLGATE_METRICS_PORT", -1),
+            metrics=MetricsSettings.from_env(),
             internal_token=env_str("TOLLGATE_INTERNAL_TOKEN", ""),
             topic_partitions=env_int("TOLLGATE_TOPIC_PARTITIONS", TOPIC_PARTITIONS),
             republish_window=env_float("TOLLGATE_REPUBLISH_WINDOW", REPUBLISH_WINDOW_SECONDS),

@@ -203,12 +203,20 @@ def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
 F = TypeVar("F", bound=Callable[..., Any])
 
 REJECTIONS = Counter(
-    "tollgate_rpc_rejections", "Calls answered with an error status", ["method", "code"]
+    "tollgate_rpc_rejections",
+    "Calls answered with an error status, by gRPC code and ErrorInfo reason (else the code)",
+    ["method", "code", "reason"],
 )
 
 
+def count_rejection(method: str, error: ApiError) -> None:
+    """Counts a refused call; `method` is the RPC, or the HTTP route's path template."""
+    reason = getattr(error, "reason", "") or error.code.name
+    REJECTIONS.labels(method, error.code.name, reason).inc()
+
+
 async def _abort(context: Any, method: str, error: ApiError) -> None:
-    REJECTIONS.labels(method, error.code.name).inc()
+    count_rejection(method, error)
     await context.abort_with_status(rpc_status.to_status(error.to_status()))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection, Coroutine, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
@@ -34,7 +34,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.protocol.metadata import MetadataRequest
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from services.core.codec import from_proto, kind_of, rfc3339, to_proto
 from services.core.runs import RunState, StoredEvent
@@ -44,6 +44,12 @@ log = structlog.get_logger(__name__)
 
 RECORDS_SKIPPED = Counter(
     "tollgate_kafka_records_skipped", "Records on the topic that are no run event", ["group"]
+)
+CONSUMER_LAG = Gauge(
+    "tollgate_consumer_lag_records",
+    "Records on this member's partitions not read yet (the broker's high watermark less the"
+    " next offset), as of its last fetch",
+    ["group"],
 )
 
 CONTENT_TYPE = "application/protobuf"
@@ -242,6 +248,8 @@ class EventConsumer:
         self.assigned = assigned or asyncio.Event()
         self.num_read = 0  # records read, of every kind, since construction
         self._uncommitted: dict[TopicPartition, int] = {}
+        # The offset after the last record read, per partition (for the lag).
+        self._next_offsets: dict[TopicPartition, int] = {}
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> EventConsumer:
@@ -282,11 +290,23 @@ class EventConsumer:
             batches = await self._consumer.getmany(timeout_ms=500, max_records=500)
             records = [record for batch in batches.values() for record in batch]
             self.num_read += len(records)
+            self._observe_lag(batches)
             if not self.auto_commit:
                 self._uncommitted.update(
                     {tp: batch[-1].offset + 1 for tp, batch in batches.items()}
                 )
             yield self.decode(records)
+
+    def _observe_lag(self, batches: Mapping[TopicPartition, Sequence[ConsumerRecord]]) -> None:
+        assert self._consumer is not None
+        for tp, batch in batches.items():
+            self._next_offsets[tp] = batch[-1].offset + 1
+        lag = 0
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                lag += max(0, highwater - self._next_offsets.get(tp, highwater))
+        CONSUMER_LAG.labels(group=self.group_id).set(lag)
 
     def decode(self, records: Sequence[ConsumerRecord]) -> list[StoredEvent]:
         """The events of `records` whose kind is one of `kinds`.

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 
 import psycopg
 import structlog
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from psycopg.rows import dict_row
 
 from services.core.admin_outbox import drop_refused, fetch_admin_batch, publish_admin_batch
@@ -69,6 +70,10 @@ DEAD_LETTERED = Counter(
 REPUBLISHED = Counter(
     "tollgate_relay_events_republished",
     "Run events published again after the broker lost them",
+)
+LAG = Gauge(
+    "tollgate_relay_lag_seconds",
+    "Age of the oldest run event the leading relay has not published yet (0: none)",
 )
 # Passes that may refuse an event before it is set aside.
 MAX_PUBLISH_ATTEMPTS = 3
@@ -260,6 +265,7 @@ class OutboxRelay:
         and listens: notices that arrive meanwhile wait for the next `notifies()`.
         """
         ids, events = await self._fetch_batch(conn)
+        observe_lag(events)
         if not events:
             return 0
         # Marked only once the broker has them all: a crash in between publishes them again.
@@ -342,6 +348,14 @@ class OutboxRelay:
                 kind=str(r.event.kind),
                 error=r.error,
             )
+
+
+def observe_lag(unpublished: Sequence[StoredEvent]) -> None:
+    """The batch comes in outbox order, so its first event is the oldest waiting."""
+    if not unpublished:
+        LAG.set(0.0)
+        return
+    LAG.set(max(0.0, (datetime.now(UTC) - unpublished[0].created_at).total_seconds()))
 
 
 _SET_ASIDE = """

@@ -1,4 +1,4 @@
-"""The life of a service process: gRPC server, health, metrics, SIGTERM."""
+"""The life of a service process: gRPC server, health, tracing, SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from services.core import loop
 from services.core.config import ConfigError, env_int
@@ -31,8 +30,8 @@ def run_service(
     environment (a bad one exits with status 2, naming the variable), then `main` on the
     configured event loop until it returns."""
     configure_logging(name)
-    configure_tracing(name)
     try:
+        configure_tracing(name)
         loop.run(main(load_settings()))
     except ConfigError as error:
         log.error("bad configuration", error=str(error))
@@ -118,14 +117,6 @@ def create_server(
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     return server, port, health_servicer
-
-
-def start_metrics(port: int) -> int | None:
-    """Serves Prometheus /metrics on `port` (0 = any free port, <0 = off)."""
-    if port < 0:
-        return None
-    http_server, _ = start_http_server(port, addr="127.0.0.1")
-    return int(http_server.server_port)
 
 
 async def set_serving(

@@ -2,9 +2,10 @@
 
 Logs are structlog JSON lines on stderr; `run_id`, `tenant_id`, `seq` and
 `trace_id` are bound through contextvars wherever they are known.  Traces go
-through the OpenTelemetry SDK; the W3C `traceparent` string is how a run's trace
-context travels inside events and Kafka headers.  Metrics are Prometheus series,
-defined next to what they measure (each service's `metrics.py`, the relay).
+through the OpenTelemetry SDK, exported as the standard OTEL_* variables say (OTLP over
+gRPC, or the console); the W3C `traceparent` string is how a run's trace context travels
+inside events, AssignRun and Kafka headers, so that one run is one trace across
+admission, scheduler, worker and ledger.  Metrics: `services/core/metrics.py`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from services.core.config import ConfigError
+
 _propagator = TraceContextTextMapPropagator()
+_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 
 def configure_logging(service: str, level: str | None = None) -> None:
@@ -54,11 +64,49 @@ def _add_trace_id(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+def service_resource(service: str) -> Resource:
+    """`service.name` = tollgate-<process>, unless OTEL_SERVICE_NAME names it otherwise
+    (OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES take precedence in `Resource.create`)."""
+    return Resource.create({"service.name": f"tollgate-{service}"})
+
+
+def traces_exporters() -> list[str]:
+    """OTEL_TRACES_EXPORTER's exporters; by default OTLP when an endpoint is set, else none."""
+    raw = os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
+    if not raw:
+        has_endpoint = any(os.environ.get(name) for name in _ENDPOINT_VARIABLES)
+        return ["otlp"] if has_endpoint else []
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = sorted(set(names) - {"otlp", "console", "none"})
+    if unknown:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER must name otlp, console or none, got {', '.join(unknown)}"
+        )
+    return [name for name in names if name != "none"]
+
+
+def _otlp_span_exporter() -> SpanExporter:
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    )
+    if protocol != "grpc":
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL must be grpc, got {protocol!r}")
+    # Reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, _HEADERS, _INSECURE, _TIMEOUT itself.
+    return OTLPSpanExporter()
+
+
 def configure_tracing(service: str) -> None:
-    """Installs the SDK tracer provider; TOLLGATE_TRACE_CONSOLE=1 prints spans."""
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if os.environ.get("TOLLGATE_TRACE_CONSOLE") == "1":
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    """Installs the SDK tracer provider with the exporters the OTEL_* variables ask for.
+
+    Spans go out in batches from a thread (OTEL_BSP_* tune it), flushed at exit."""
+    provider = TracerProvider(resource=service_resource(service))
+    for name in traces_exporters():
+        if name == "console":
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+        else:
+            provider.add_span_processor(BatchSpanProcessor(_otlp_span_exporter()))
     trace.set_tracer_provider(provider)
 
 
@@ -69,6 +117,13 @@ def get_tracer() -> trace.Tracer:
 def current_traceparent() -> str:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def traceparent_of(span: trace.Span) -> str:
+    """The traceparent of `span`, open or not, whatever span is current."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent", "")
 
 

@@ -13,8 +13,9 @@ from grpc_health.v1 import health
 
 from services.core.config import CommonSettings, admin_token_from_env, env_float, env_str
 from services.core.db import Database, open_db
+from services.core.metrics import start_metrics
 from services.core.relay import OutboxRelay
-from services.core.server import bound_address, create_server, serve, start_metrics
+from services.core.server import bound_address, create_server, serve
 from services.core.tls import ServerTls
 from services.ledger.consumer import LedgerConsumer
 from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_discount, parse_prices
@@ -95,7 +96,7 @@ async def main(settings: LedgerSettings) -> None:
     )
     relay = OutboxRelay.from_settings(db, common)
     server, port, health_servicer = create_ledger_server(db, settings)
-    metrics_port = start_metrics(common.metrics_port)
+    metrics_port, metrics_tasks = start_metrics(common.metrics, "ledger", db)
     address = bound_address(common.listen, port)
     log.info("serving", address=address, metrics_port=metrics_port)
     try:
@@ -107,6 +108,7 @@ async def main(settings: LedgerSettings) -> None:
                 keep_running("consumer", consumer.run),
                 sweeper.run(),
                 relay.run(),
+                *metrics_tasks,
             ],
             address=address,
         )

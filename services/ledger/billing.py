@@ -9,6 +9,7 @@ abort the caller's transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -41,6 +42,11 @@ class Bill:
     currency: str
     entries: tuple[LedgerEntry, ...]
     num_released: int
+    model: str = ""
+    # Seconds from the run's creation to its terminal event, and from that to `billed`
+    # (both of the database's clock); None where the row has no times.
+    run_seconds: float | None = None
+    billing_seconds: float | None = None
 
 
 async def bill_run(conn: AsyncConnection, run_id: str, prices: PriceTable) -> Bill | None:
@@ -63,8 +69,22 @@ async def bill_run(conn: AsyncConnection, run_id: str, prices: PriceTable) -> Bi
         return None
     parent = context_from_traceparent(traceparent)
     with get_tracer().start_as_current_span("tollgate.ledger.bill", context=parent) as span:
-        span.set_attribute("tollgate.run_id", run_id)
-        return await _bill(conn, view, prices)
+        span.set_attributes(
+            {
+                "tollgate.run_id": run_id,
+                "tollgate.tenant_id": view.tenant_id,
+                "gen_ai.request.model": view.model,
+            }
+        )
+        bill = await _bill(conn, view, prices)
+        span.set_attributes(
+            {
+                "tollgate.seq": bill.seq,
+                "tollgate.amount_micros": bill.amount_micros,
+                "tollgate.currency": bill.currency,
+            }
+        )
+        return bill
 
 
 async def _bill(conn: AsyncConnection, view: RunView, prices: PriceTable) -> Bill:
@@ -90,7 +110,14 @@ async def _bill(conn: AsyncConnection, view: RunView, prices: PriceTable) -> Bil
         currency=prices.currency,
         entries=tuple(entries),
         num_released=num_released,
+        model=view.model,
+        run_seconds=_seconds(view.created_at, view.updated_at),
+        billing_seconds=_seconds(view.updated_at, billed.created_at),
     )
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    return None if start is None or end is None else max(0.0, (end - start).total_seconds())
 
 
 def billable(view: RunView) -> BillableRun:

@@ -11,7 +11,7 @@ from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database
 from services.core.runs import TERMINAL_STATES, StoredEvent
-from services.core.telemetry import bound_log_context, get_tracer
+from services.core.telemetry import bound_log_context
 from services.ledger.billing import Bill, bill_run
 from services.ledger.metrics import record_bill
 from services.ledger.pricing import PriceTable
@@ -53,8 +53,8 @@ class LedgerConsumer(TrackingConsumer):
 
     async def bill(self, conn: AsyncConnection, event: StoredEvent) -> None:
         with bound_log_context(run_id=event.run_id, tenant_id=event.tenant_id, seq=event.seq):
-            with get_tracer().start_as_current_span("ledger.bill_run"):
-                bill = await bill_run(conn, event.run_id, self.prices)
+            # The billing span continues the run's own trace (`bill_run`).
+            bill = await bill_run(conn, event.run_id, self.prices)
         if bill is not None:
             self._pending.append(bill)
 

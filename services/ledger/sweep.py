@@ -17,7 +17,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.core.db import Database, single_statement
 from services.core.runs import EventStoreError
-from services.core.telemetry import bound_log_context, get_tracer
+from services.core.telemetry import bound_log_context
 from services.ledger import repository
 from services.ledger.billing import Bill, bill_run
 from services.ledger.metrics import SWEEP_FAILURES, record_bill
@@ -71,7 +71,8 @@ class Sweeper:
                 return bills
 
     async def bill_one(self, run_id: str) -> Bill | None:
-        with bound_log_context(run_id=run_id), get_tracer().start_as_current_span("ledger.sweep"):
+        # The billing span continues the run's own trace (`bill_run`).
+        with bound_log_context(run_id=run_id):
             try:
                 async with self.db.begin() as conn:
                     bill = await bill_run(conn, run_id, self.prices)

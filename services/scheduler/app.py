@@ -25,6 +25,7 @@ from services.core.eventstore import EventStore
 from services.core.internal import server_interceptors
 from services.core.leadership import Leadership
 from services.core.loop import within
+from services.core.metrics import start_metrics
 from services.core.relay import OutboxRelay
 from services.scheduler import metrics
 from services.scheduler.cancel import Canceller
@@ -222,7 +223,7 @@ async def main(settings: SchedulerSettings) -> None:
     db = open_db(settings.common.database_url)
     app = SchedulerApp(settings, db)
     server, port, health_servicer = create_server(settings.common.listen, app)
-    metrics_port = core_server.start_metrics(settings.common.metrics_port)
+    metrics_port, metrics_tasks = start_metrics(settings.common.metrics, "scheduler", db)
     log.info(
         "scheduler starting",
         port=port,
@@ -234,7 +235,7 @@ async def main(settings: SchedulerSettings) -> None:
             server,
             health_servicer,
             [SERVICE_NAME],
-            [*app.background(), _announce(settings.common.listen, port, app)],
+            [*app.background(), *metrics_tasks, _announce(settings.common.listen, port, app)],
         )
     finally:
         await app.close()

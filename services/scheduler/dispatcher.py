@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 import structlog
+from opentelemetry import trace
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.core.eventstore import EventStore
@@ -121,9 +122,14 @@ class Dispatcher:
     async def dispatch(self, run: QueuedRun, worker: Worker) -> None:
         """Leases `run` and assigns it to `worker`; on any failure it goes back in the queue."""
         span = get_tracer().start_as_current_span(
-            "scheduler.dispatch",
+            "tollgate.scheduler.dispatch",
             context=context_from_traceparent(run.traceparent),
-            attributes={"tollgate.run_id": run.run_id, "tollgate.tenant_id": run.tenant_id},
+            attributes={
+                "tollgate.run_id": run.run_id,
+                "tollgate.tenant_id": run.tenant_id,
+                "gen_ai.request.model": run.model,
+                "tollgate.seq": run.last_seq,
+            },
         )
         outcome: AssignOutcome | None = None
         try:
@@ -176,7 +182,8 @@ class Dispatcher:
             last_seq=grant.last_seq,
         )
         self.state.settle(run.run_id, assignment)
-        metrics.QUEUE_SECONDS.observe(max(0.0, time.time() - run.queued_at))
+        waited = metrics.observe_queue_time(run)
+        trace.get_current_span().set_attribute("tollgate.queue_time_seconds", waited)
         log.info("run assigned", worker_id=worker_id, lease_epoch=grant.lease_epoch)
 
     def _not_now(self, run: QueuedRun, worker_id: str, outcome: AssignOutcome) -> None:

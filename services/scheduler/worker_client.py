@@ -12,6 +12,7 @@ import structlog
 from google.protobuf import json_format
 
 from services.core.internal import internal_channel
+from services.core.telemetry import current_traceparent
 from services.scheduler.fair_queue import QueueClass
 from services.scheduler.records import QueuedRun
 from services.scheduler.workers import WorkerReport
@@ -61,7 +62,8 @@ def assign_request(run: QueuedRun, grant: Grant) -> worker_pb2.AssignRunRequest:
         prompt_token_ids=run.prompt_token_ids,
         priority=PRIORITIES[run.queue_class],  # type: ignore[arg-type]
         lease_epoch=grant.lease_epoch,
-        traceparent=run.traceparent,
+        # The dispatch span's, when there is one: the worker's span is its child.
+        traceparent=current_traceparent() or run.traceparent,
         last_seq=grant.last_seq,
         cache_namespace=run.tenant_id,
     )

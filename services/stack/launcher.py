@@ -108,7 +108,8 @@ class ServiceProcess:
         self.log_path = log_path
         self.address = ""
         self.endpoints: dict[str, str] = {}
-        self.metrics_port = int(self.env.get("TOLLGATE_METRICS_PORT", "-1"))
+        listen = self.env.get("TOLLGATE_METRICS_LISTEN", "")
+        self.metrics_port = int(listen.rpartition(":")[2]) if listen else -1
         self.process: subprocess.Popen[str] | None = None
 
     @property
@@ -291,7 +292,9 @@ class Services:
 
     def _start(self, service: str, index: int, env: Mapping[str, str]) -> ServiceProcess:
         name = service if index == 0 else f"{service}-{index + 1}"
-        env = {**self.common_env(), "TOLLGATE_METRICS_PORT": str(free_port()), **env}
+        # On a port of its own unless the stack's environment says otherwise ("" = off).
+        metrics = {"TOLLGATE_METRICS_LISTEN": f"127.0.0.1:{free_port()}"}
+        env = {**metrics, **self.common_env(), **env}
         process = ServiceProcess(
             name, f"services.{service}", env, self.log_dir / f"{name}.log", service
         )

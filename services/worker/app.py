@@ -27,7 +27,8 @@ from services.core.config import (
 from services.core.db import open_db
 from services.core.eventstore import EventStore
 from services.core.internal import internal_channel, server_interceptors
-from services.core.server import bound_address, create_server, serve, set_serving, start_metrics
+from services.core.metrics import start_metrics
+from services.core.server import bound_address, create_server, serve, set_serving
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.runs import AssignedRun
@@ -240,7 +241,8 @@ async def main(settings: WorkerSettings) -> None:
             for scheduler in settings.scheduler_address.split(",")
             if scheduler.strip()
         )
-    metrics_port = start_metrics(settings.common.metrics_port)
+    metrics_port, metrics_tasks = start_metrics(settings.common.metrics, "worker", db)
+    background.extend(metrics_tasks)
     log.info(
         "serving",
         address=address,

@@ -25,8 +25,8 @@ from engine.outputs import RequestOutput
 from services.core.eventstore import Append, ConcurrencyConflict, EventStore
 from services.core.loop import wait_set
 from services.core.runs import EventStoreError, NewEvent, RunState
-from services.worker.metrics import observe_finished
 from services.worker.runs import AssignedRun, step_events
+from services.worker.telemetry import run_finished
 
 log = structlog.get_logger(__name__)
 
@@ -167,6 +167,7 @@ class StepAppender:
                 continue
             stored.update(pending)
             break
+        ended = {output.request_id: output for output in outputs if output.finished}
         for run_id, (events, finished) in stored.items():
             self._starts.pop(run_id, None)
             run = self.runs[run_id]
@@ -174,9 +175,7 @@ class StepAppender:
             run.streamed = run.streamed or any(e.kind != RunState.PREFILL for e in events)
             if finished:
                 self.runs.pop(run_id, None)
-        for output in outputs:
-            if output.finished:
-                observe_finished(output)
+                run_finished(run, ended[run_id])
 
     def _refused(self, pending: dict[str, tuple[list[NewEvent], bool]], error: Exception) -> None:
         run_id = str(getattr(error, "run_id", ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,9 +16,9 @@ from services.core.errors import FailedPrecondition, ResourceExhausted, Unavaila
 from services.core.eventstore import EventStore
 from services.core.requeue import prefill_event
 from services.core.runs import EventStoreError, NewEvent, RunState
-from services.core.telemetry import context_from_traceparent, current_traceparent, get_tracer
-from services.worker.metrics import observe_pool
+from services.worker.metrics import RUNNING, observe_pool
 from services.worker.runs import AssignedRun
+from services.worker.telemetry import start_run_span
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +77,7 @@ class WorkerCore:
         self.boot_id = uuid.uuid4().hex
         # Shared with the StepAppender, which removes runs as they end.
         self.runs: dict[str, AssignedRun] = runs if runs is not None else {}
+        RUNNING.watch(model, self.runs)
         self.draining = False
         # False while a new engine replaces one that died: no runs are taken meanwhile.
         self.engine_ready = True
@@ -100,12 +102,13 @@ class WorkerCore:
         )
         if needed > self.num_free_blocks:
             raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
-        with get_tracer().start_as_current_span(
-            "tollgate.worker.assign", context=context_from_traceparent(assignment.traceparent)
-        ) as span:
-            span.set_attribute("tollgate.run_id", assignment.run_id)
-            span.set_attribute("gen_ai.request.max_tokens", assignment.sampling.max_tokens)
-            traceparent = current_traceparent()
+        span, traceparent = start_run_span(
+            assignment.run_id,
+            assignment.tenant_id,
+            assignment.model,
+            assignment.sampling.max_tokens,
+            assignment.traceparent,
+        )
         # Held before the first await, so concurrent assignments cannot overbook.
         run = self.runs[assignment.run_id] = AssignedRun(
             run_id=assignment.run_id,
@@ -113,6 +116,9 @@ class WorkerCore:
             lease_epoch=assignment.lease_epoch,
             last_seq=assignment.last_seq,
             traceparent=traceparent,
+            model=assignment.model,
+            assigned_at=time.monotonic(),
+            span=span,
             num_kv_blocks=needed,
         )
         prefill = prefill_event(self.worker_id, assignment.lease_epoch)
@@ -185,7 +191,13 @@ class WorkerCore:
         """What the scheduler reads: a worker without an engine has no room and says it is
         draining, so that nothing is dispatched to it until its new engine is ready."""
         limits = self.engine.limits
-        observe_pool(self.engine.num_free_blocks, limits.num_total_blocks, self.num_free_blocks)
+        observe_pool(
+            self.model,
+            self.worker_id,
+            self.engine.num_free_blocks,
+            limits.num_total_blocks,
+            self.num_free_blocks,
+        )
         return Status(
             worker_id=self.worker_id,
             model=self.model,

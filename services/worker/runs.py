@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from engine.outputs import RequestMetrics, RequestOutput
 from services.core.requeue import ENGINE_ERROR, lost_run_events, prefill_event
 from services.core.runs import NewEvent, RunState, StoredEvent
@@ -22,6 +24,10 @@ class AssignedRun:
     lease_epoch: int
     last_seq: int
     traceparent: str = ""
+    model: str = ""
+    # time.monotonic() when it was assigned; its span, open until its end is appended.
+    assigned_at: float = 0.0
+    span: Span | None = None
     cancel_reason: str | None = None
     # KV blocks held back for the run's whole length (prompt + max_tokens).
     num_kv_blocks: int = 0

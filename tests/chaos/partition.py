@@ -142,7 +142,7 @@ def namespaced_worker(stack: Stack, namespace: Namespace) -> Iterator[ServicePro
         ),
         "TOLLGATE_SCHEDULER_ADDRESS": ",".join(link.address for link in scheduler_links),
         "TOLLGATE_LISTEN": f"{namespace.address(SCHEDULER_LINK, 2)}:0",
-        "TOLLGATE_METRICS_PORT": str(free_port()),
+        "TOLLGATE_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
     }
     env[NETNS_ENV] = namespace.name
     log_path = services.log_dir / "worker-netns.log"

@@ -121,7 +121,7 @@ async def surface(
 
 @contextlib.asynccontextmanager
 async def running_ledger(admission: Admission) -> AsyncIterator[ledger_pb2_grpc.LedgerServiceStub]:
-    common = CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0", -1)
+    common = CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0")
     settings = LedgerSettings(common, ADMIN_TOKEN, PRICES, sweep_interval=5, sweep_grace=10)
     server, port, _ = create_ledger_server(admission.db, settings)
     await server.start()

@@ -40,7 +40,7 @@ class Ledger:
 @pytest.fixture
 async def ledger(db: Database, store: EventStore, prices: PriceTable) -> AsyncIterator[Ledger]:
     settings = LedgerSettings(
-        common=CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0", -1),
+        common=CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0"),
         admin_token=ADMIN,
         prices=prices,
         sweep_interval=5,

@@ -51,7 +51,7 @@ async def start_scheduler(
     ) -> RunningScheduler:
         """`lead`: leads without the lock, as a split brain would."""
         bootstrap = overrides.pop("kafka_bootstrap", kafka_bootstrap)
-        common = CommonSettings(database_url, bootstrap, kafka_topic, "127.0.0.1:0", -1)
+        common = CommonSettings(database_url, bootstrap, kafka_topic, "127.0.0.1:0")
         options: dict[str, Any] = {
             "rescan_seconds": 0.3,
             "worker_timeout": 1.5,
