@@ -65,9 +65,10 @@ def _add_trace_id(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
 
 
 def service_resource(service: str) -> Resource:
-    """`service.name` = tollgate-<process>, unless OTEL_SERVICE_NAME names it otherwise
-    (OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES take precedence in `Resource.create`)."""
-    return Resource.create({"service.name": f"tollgate-{service}"})
+    """`service.name` = tollgate-<process>, unless OTEL_SERVICE_NAME names it otherwise;
+    with OTEL_RESOURCE_ATTRIBUTES."""
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"tollgate-{service}"
+    return Resource.create({"service.name": name})
 
 
 def traces_exporters() -> list[str]:

@@ -283,9 +283,9 @@ def test_services_expose_prometheus_metrics(stack: Stack) -> None:
         .decode()
     )
     for name in (
-        "tollgate_worker_ttft_seconds_bucket",
-        "tollgate_worker_itl_seconds",
-        "tollgate_worker_tokens_total",
+        "tollgate_time_to_first_token_seconds_bucket",
+        "tollgate_inter_token_latency_seconds",
+        "tollgate_generation_tokens_total",
         "tollgate_worker_kv_blocks",
     ):
         assert name in worker
@@ -294,13 +294,13 @@ def test_services_expose_prometheus_metrics(stack: Stack) -> None:
         .read()
         .decode()
     )
-    assert 'tollgate_rpc_rejections_total{code="INVALID_ARGUMENT",method="Generate"}' in admission
+    assert 'tollgate_rpc_rejections_total{code="INVALID_ARGUMENT",method="Generate"' in admission
     scheduler = (
         urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics['scheduler']}/metrics")
         .read()
         .decode()
     )
-    assert "tollgate_scheduler_queue_seconds" in scheduler
+    assert "tollgate_request_queue_time_seconds" in scheduler
 
 
 def test_every_service_runs_on_uvloop(stack: Stack) -> None:
