@@ -2,6 +2,7 @@
 
     python -m bench.stack [--model 56m|tiny] [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
     python -m bench.stack --front http [...]   # the HTTP front door against gRPC (bench.stack_http)
+    python -m bench.stack --telemetry [...]    # metrics and OTLP tracing on against off
 
 Generates a random Llama (by default bench.engine's 56M-parameter one; `--model tiny`
 is a 4-layer model whose steps cost little more than the engine's Python, so the
@@ -48,6 +49,7 @@ from bench.stack_sides import (
     run_stack_bench,
     running_stack,
 )
+from bench.stack_telemetry import bench_telemetry
 from bench.workload import MODEL_SHAPE as BENCH_MODEL_SHAPE
 from engine.config import EngineConfig
 from engine.tokenizer import Tokenizer
@@ -149,6 +151,8 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         args.seed,
         args.rounds,
     )
+    if args.telemetry:
+        return bench_telemetry(args, scratch, model_dir, work)
     config = engine_config(args)
     waves = f" x {args.rounds} rounds" if args.rounds > 1 else ""
     progress(f"in-process: {args.concurrency} streams of {args.max_tokens} tokens{waves}")
@@ -212,6 +216,12 @@ def parse_args() -> argparse.Namespace:
         default="grpc",
         help="grpc (default): the stack through gRPC against the engine in-process; http: the"
         " stack through its HTTP API against the same stack through gRPC",
+    )
+    parser.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="the stack with metrics and OTLP tracing on against the same stack with both off"
+        " (bench.stack_telemetry), instead of against the engine in-process",
     )
     parser.add_argument(
         "--ttft-samples",

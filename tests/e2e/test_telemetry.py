@@ -12,8 +12,8 @@ import pytest
 
 from services.stack.infra import Endpoints
 from tests.e2e.conftest import Stack, running_stack
-from tests.e2e.otlp_receiver import ReceivedSpan, TraceReceiver, otlp_receiver
 from tollgate.errors import InvalidArgumentError
+from tools.otlp_receiver import ReceivedSpan, TraceReceiver, otlp_receiver
 
 MODEL = "tiny"
 SERVICES = {"tollgate-admission", "tollgate-scheduler", "tollgate-worker", "tollgate-ledger"}

@@ -1,4 +1,4 @@
-"""An OTLP/gRPC trace receiver in the test process: what the services export, kept."""
+"""An OTLP/gRPC trace receiver in this process, keeping what it is sent (tests, benchmarks)."""
 
 from __future__ import annotations
 
