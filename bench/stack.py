@@ -48,6 +48,7 @@ from bench.stack_sides import (
     run_stack,
     run_stack_bench,
     running_stack,
+    workload_summary,
 )
 from bench.stack_telemetry import bench_telemetry
 from bench.workload import MODEL_SHAPE as BENCH_MODEL_SHAPE
@@ -103,11 +104,7 @@ def report(
     )
     return {
         "model": model,
-        "concurrency": work.concurrency,
-        "rounds": len(work.waves()),
-        "max_tokens": work.max_tokens,
-        "prompt_tokens_mean": round(sum(map(len, work.prompt_ids)) / len(work.prompt_ids), 1),
-        "output_tokens": work.output_tokens,
+        **workload_summary(work),
         "num_kv_blocks": config.num_kv_blocks,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "inprocess_tokens_per_s": round(local.tokens_per_second, 1),

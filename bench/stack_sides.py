@@ -59,6 +59,17 @@ class StackWorkload:
         ]
 
 
+def workload_summary(work: StackWorkload) -> dict[str, Any]:
+    """The workload's figures every stack report begins with."""
+    return {
+        "concurrency": work.concurrency,
+        "rounds": len(work.waves()),
+        "max_tokens": work.max_tokens,
+        "prompt_tokens_mean": round(sum(map(len, work.prompt_ids)) / len(work.prompt_ids), 1),
+        "output_tokens": work.output_tokens,
+    }
+
+
 def make_stack_workload(
     tokenizer: Tokenizer, requests: int, words: int, max_tokens: int, seed: int, rounds: int = 1
 ) -> StackWorkload:

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import progress
-from bench.stack_sides import SideResult, StackWorkload, run_stack, running_stack
+from bench.stack_sides import (
+    SideResult,
+    StackWorkload,
+    run_stack,
+    running_stack,
+    workload_summary,
+)
 from tools.otlp_receiver import otlp_receiver
 
 THROUGHPUT_TARGET = 0.97
@@ -56,10 +62,7 @@ def bench_telemetry(
     print(f"throughput ratio {ratio:.3f}, added TTFT p50 {added_p50:+.1f} ms, {num_spans} spans")
     return {
         "mode": "telemetry",
-        "concurrency": work.concurrency,
-        "rounds": len(work.waves()),
-        "max_tokens": work.max_tokens,
-        "output_tokens": work.output_tokens,
+        **workload_summary(work),
         "off_tokens_per_s": round(off.tokens_per_second, 1),
         "on_tokens_per_s": round(on.tokens_per_second, 1),
         "throughput_ratio": round(ratio, 3),

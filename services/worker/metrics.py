@@ -8,7 +8,7 @@ semantic-convention histograms go through the OTel meter, when /metrics is on.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.metrics import Histogram as OtelHistogram
@@ -110,30 +110,37 @@ class GenAiInstruments:
 
     @classmethod
     def on(cls, meter: Meter) -> GenAiInstruments:
+        def histogram(
+            name: str, unit: str, description: str, bounds: Sequence[float]
+        ) -> OtelHistogram:
+            return meter.create_histogram(
+                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=bounds
+            )
+
         return cls(
-            ttft=meter.create_histogram(
+            ttft=histogram(
                 "gen_ai.server.time_to_first_token",
-                unit="s",
-                description="Time to generate the first token of a successful request",
-                explicit_bucket_boundaries_advisory=_TTFT_BOUNDARIES,
+                "s",
+                "Time to generate the first token of a successful request",
+                _TTFT_BOUNDARIES,
             ),
-            time_per_output_token=meter.create_histogram(
+            time_per_output_token=histogram(
                 "gen_ai.server.time_per_output_token",
-                unit="s",
-                description="Time per output token after the first, of a successful request",
-                explicit_bucket_boundaries_advisory=_TPOT_BOUNDARIES,
+                "s",
+                "Time per output token after the first, of a successful request",
+                _TPOT_BOUNDARIES,
             ),
-            request_duration=meter.create_histogram(
+            request_duration=histogram(
                 "gen_ai.server.request.duration",
-                unit="s",
-                description="Time from the engine taking a request to its end",
-                explicit_bucket_boundaries_advisory=_DURATION_BOUNDARIES,
+                "s",
+                "Time from the worker taking a request to its end",
+                _DURATION_BOUNDARIES,
             ),
-            token_usage=meter.create_histogram(
+            token_usage=histogram(
                 "gen_ai.client.token.usage",
-                unit="{token}",
-                description="Input and output tokens of a request",
-                explicit_bucket_boundaries_advisory=_TOKEN_BOUNDARIES,
+                "{token}",
+                "Input and output tokens of a request",
+                _TOKEN_BOUNDARIES,
             ),
         )
 
