@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint proto sdk bench clean
+.PHONY: run test test-fast lint proto sdk dashboard bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ proto: $(STAMP)
 ## make sdk: regenerate the synchronous client (tollgate/client.py, stream.py) from the asyncio one.
 sdk: $(STAMP)
 	$(PY) -m tools.sdkgen
+
+## make dashboard: regenerate deploy/grafana/dashboards/tollgate.json from tools/dashboard.py.
+dashboard: $(STAMP)
+	$(PY) -m tools.dashboard
 
 clean:
 	rm -rf $(VENV) .tollgate
