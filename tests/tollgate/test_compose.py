@@ -17,6 +17,7 @@ from tollgate.cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 TOLLGATE_SERVICES = ("admission", "scheduler", "worker", "ledger")
 ONE_SHOTS = ("migrate", "topics", "model")
+MONITORING = ("prometheus", "grafana")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_the_spec_parser_rejects_what_compose_would() -> None:
 
 
 def test_the_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"postgres", "kafka", *ONE_SHOTS, *TOLLGATE_SERVICES}
+    assert set(services) == {"postgres", "kafka", *ONE_SHOTS, *TOLLGATE_SERVICES, *MONITORING}
     assert services["postgres"]["image"] == "postgres:17"
     assert services["kafka"]["image"].startswith("apache/kafka:")
     for name in (*ONE_SHOTS, *TOLLGATE_SERVICES):
@@ -119,8 +120,8 @@ def test_the_services_find_each_other(services: dict[str, Any]) -> None:
     assert str(gateway["published"]).startswith(f"{gateway_port}-")
 
 
-# `docker compose up --scale worker=3 --scale admission=2`
-SCALED = ("worker", "admission")
+# `docker compose up --scale worker=3 --scale admission=2 --scale ledger=2`
+SCALED = ("worker", "admission", "ledger")
 
 
 def test_scaled_services_can_run_as_replicas(services: dict[str, Any]) -> None:
