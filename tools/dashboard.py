@@ -56,12 +56,8 @@ def alternatives(role: str, template: str) -> str:
     return " or ".join(template.format(m=name) for name in METRICS[role])
 
 
-def quantile(role: str, q: float, by: str = "") -> str:
-    group = f"le, {by}" if by else "le"
-    return alternatives(
-        role,
-        f"histogram_quantile({q}, sum by ({group}) (rate({{m}}_bucket{RATE})))",
-    )
+def quantile(role: str, q: float) -> str:
+    return alternatives(role, f"histogram_quantile({q}, sum by (le) (rate({{m}}_bucket{RATE})))")
 
 
 @dataclass(frozen=True, slots=True)
