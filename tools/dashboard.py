@@ -22,29 +22,23 @@ DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 # role -> exposed series names, preferred first (histograms without `_bucket`, counters
 # with `_total`). A name with `{…}` carries the label selector it needs.
 METRICS: dict[str, tuple[str, ...]] = {
-    "ttft": ("tollgate_time_to_first_token_seconds", "tollgate_worker_ttft_seconds"),
-    "itl": ("tollgate_inter_token_latency_seconds", "tollgate_worker_itl_seconds"),
-    "engine_queue": ("tollgate_request_queue_time_seconds", "tollgate_worker_queue_seconds"),
-    "scheduler_queue": ("tollgate_scheduler_queue_seconds",),
+    "ttft": ("tollgate_time_to_first_token_seconds",),
+    "itl": ("tollgate_inter_token_latency_seconds",),
+    "engine_queue": ("tollgate_worker_queue_seconds",),
+    "scheduler_queue": ("tollgate_request_queue_time_seconds",),
     "e2e": ("tollgate_e2e_request_latency_seconds",),
-    "running": ("tollgate_num_requests_running", "tollgate_scheduler_running_runs"),
-    "waiting": ("tollgate_num_requests_waiting", "tollgate_scheduler_queue_depth"),
+    "running": ("tollgate_num_requests_running",),
+    "waiting": ("tollgate_num_requests_waiting",),
     "kv_usage": ("tollgate_kv_cache_usage_perc",),
     "kv_blocks": ("tollgate_worker_kv_blocks",),
-    "prompt_tokens": (
-        "tollgate_prompt_tokens_total",
-        'tollgate_worker_tokens_total{kind="prompt"}',
-    ),
-    "generation_tokens": (
-        "tollgate_generation_tokens_total",
-        'tollgate_worker_tokens_total{kind="output"}',
-    ),
-    "finished": ("tollgate_worker_runs_finished_total",),
+    "prompt_tokens": ("tollgate_prompt_tokens_total",),
+    "generation_tokens": ("tollgate_generation_tokens_total",),
+    "finished": ("tollgate_request_success_total",),
     "rejections": ("tollgate_rpc_rejections_total",),
     "workers": ("tollgate_scheduler_workers",),
-    "spend": ("tollgate_ledger_spend_micros_total", "tollgate_ledger_billed_amount_micros_total"),
+    "spend": ("tollgate_ledger_billed_amount_micros_total",),
     "relay_lag": ("tollgate_relay_lag_seconds",),
-    "consumer_lag": ("tollgate_consumer_lag",),
+    "consumer_lag": ("tollgate_consumer_lag_records",),
     "published": ("tollgate_relay_events_published_total",),
 }
 

@@ -90,14 +90,24 @@ def variables_named(source: str) -> set[str]:
     return set(VARIABLE.findall(source))
 
 
-METRIC_TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram"}
+METRIC_TYPES = {
+    "Counter": "counter",
+    "Gauge": "gauge",
+    "Histogram": "histogram",
+    # Families that custom collectors yield at scrape time.
+    "CounterMetricFamily": "counter",
+    "GaugeMetricFamily": "gauge",
+}
 
 
 def metric_constructors(tree: ast.Module) -> dict[str, str]:
     """Local name -> metric type, for prometheus_client's classes however imported."""
     local: dict[str, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "prometheus_client":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").partition(".")[0] == "prometheus_client"
+        ):
             for alias in node.names:
                 if alias.name in METRIC_TYPES:
                     local[alias.asname or alias.name] = METRIC_TYPES[alias.name]
