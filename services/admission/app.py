@@ -9,6 +9,7 @@ import structlog
 
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
+from services.admission.console import ConsoleSettings, console_router
 from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.http_app import create_app
 from services.admission.http_server import HttpServer
@@ -129,11 +130,12 @@ async def main(settings: AdmissionSettings) -> None:
         )
 
     server, port, health = create_server(settings.common.listen, add_servicers, tls=settings.tls)
-    http = (
-        HttpServer(create_app(gateway), settings.http_listen, tls=settings.tls)
-        if settings.http_listen
-        else None
-    )
+    http = None
+    if settings.http_listen:
+        app = create_app(gateway)
+        console = ConsoleSettings.from_env(settings.admin_token)
+        app.include_router(console_router(gateway, console, scheduler))
+        http = HttpServer(app, settings.http_listen, tls=settings.tls)
     endpoints = {"http": http.url} if http is not None else {}
     if http is not None:
         background.append(http.run())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -53,6 +54,30 @@ class QueueDepth:
         return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    worker_id: str
+    model: str
+    num_free_blocks: int
+    num_total_blocks: int
+    num_running: int
+    alive: bool
+    draining: bool
+    suspect: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The scheduler's queues and workers, as the operator console shows them."""
+
+    num_interactive: int
+    num_batch: int
+    num_running: int
+    num_workers: int
+    num_free_blocks: int
+    workers: list[WorkerLoad]
+
+
 class SchedulerClient:
     def __init__(self, address: str, internal_token: str = "") -> None:
         self.channel = internal_channel(address, internal_token)
@@ -90,6 +115,20 @@ class SchedulerClient:
         own queue bounds the rest)."""
         stats = await self._queue_stats()
         return int(stats.num_interactive + stats.num_batch) if stats else 0
+
+    async def fleet(self) -> Fleet | None:
+        """The queues and workers; None when the scheduler does not answer."""
+        stats = await self._queue_stats()
+        if stats is None:
+            return None
+        return Fleet(
+            num_interactive=stats.num_interactive,
+            num_batch=stats.num_batch,
+            num_running=stats.num_running,
+            num_workers=stats.num_workers,
+            num_free_blocks=stats.num_free_blocks,
+            workers=[worker_load(w) for w in stats.workers],
+        )
 
     async def _queue_stats(self) -> scheduler_pb2.QueueStats | None:
         request = scheduler_pb2.GetQueueStatsRequest()
@@ -137,3 +176,16 @@ def hinted_run(admitted: Admitted) -> scheduler_pb2.HintedRun:
     )
     run.queued_at.FromDatetime(queued.created_at)
     return run
+
+
+def worker_load(message: scheduler_pb2.WorkerLoad) -> WorkerLoad:
+    return WorkerLoad(
+        worker_id=message.worker_id,
+        model=message.model,
+        num_free_blocks=message.num_free_blocks,
+        num_total_blocks=message.num_total_blocks,
+        num_running=message.num_running,
+        alive=message.alive,
+        draining=message.draining,
+        suspect=message.suspect,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import asdict
 from datetime import UTC
 
 import grpc
@@ -52,6 +53,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             num_total_blocks=stats.num_total_blocks,
             num_queued_interactive_blocks=stats.num_queued_interactive_blocks,
             num_queued_batch_blocks=stats.num_queued_batch_blocks,
+            workers=[scheduler_pb2.WorkerLoad(**asdict(w)) for w in stats.workers],
         )
 
     @rpc_errors

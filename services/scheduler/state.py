@@ -11,12 +11,27 @@ as no `await` separates them.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from services.core.loop import wait_set
 from services.scheduler.fair_queue import FairQueue, QueueClass
 from services.scheduler.records import Assignment, QueuedRun
-from services.scheduler.workers import WorkerRegistry
+from services.scheduler.workers import Worker, WorkerRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """One worker as the scheduler last heard from it, with the runs assigned to it."""
+
+    worker_id: str
+    model: str
+    num_free_blocks: int
+    num_total_blocks: int
+    num_running: int
+    alive: bool
+    draining: bool
+    suspect: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +47,7 @@ class QueueStats:
     num_total_blocks: int = 0
     num_queued_interactive_blocks: int = 0
     num_queued_batch_blocks: int = 0
+    workers: list[WorkerLoad] = field(default_factory=list)
 
 
 # Ended runs remembered: far more than end between a run's `queued` event and its delivery.
@@ -157,12 +173,17 @@ class SchedulerState:
             num_total_blocks=sum(w.capacity for w in alive),
             num_queued_interactive_blocks=self._queued_blocks(QueueClass.INTERACTIVE),
             num_queued_batch_blocks=self._queued_blocks(QueueClass.BATCH),
+            workers=self.worker_loads(),
         )
 
     def _queued_blocks(self, queue_class: QueueClass) -> int:
         return sum(
             run.num_kv_blocks for run in self.queued.values() if run.queue_class == queue_class
         )
+
+    def worker_loads(self) -> list[WorkerLoad]:
+        running = Counter(a.worker_id for a in self.assignments.values())
+        return [_load(w, running[w.worker_id]) for w in self.registry.all()]
 
     def never_fitting(self) -> list[QueuedRun]:
         """Queued runs that live workers serve the model of, none of which could hold them."""
@@ -172,3 +193,16 @@ class SchedulerState:
             if self.registry.serves_any(run.model)
             and not self.registry.may_ever_fit(run.num_kv_blocks, run.model)
         ]
+
+
+def _load(worker: Worker, num_running: int) -> WorkerLoad:
+    return WorkerLoad(
+        worker_id=worker.worker_id,
+        model=worker.model,
+        num_free_blocks=worker.num_free_blocks,
+        num_total_blocks=worker.num_total_blocks,
+        num_running=num_running,
+        alive=worker.alive,
+        draining=worker.draining,
+        suspect=worker.suspect,
+    )

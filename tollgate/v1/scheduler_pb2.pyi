@@ -14,7 +14,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("num_interactive", "num_batch", "num_running", "num_workers", "num_free_blocks", "max_run_tokens", "num_total_blocks", "num_queued_interactive_blocks", "num_queued_batch_blocks")
+    __slots__ = ("num_interactive", "num_batch", "num_running", "num_workers", "num_free_blocks", "max_run_tokens", "num_total_blocks", "num_queued_interactive_blocks", "num_queued_batch_blocks", "workers")
     class MaxRunTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class QueueStats(_message.Message):
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_INTERACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_QUEUED_BATCH_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     num_interactive: int
     num_batch: int
     num_running: int
@@ -40,7 +41,28 @@ class QueueStats(_message.Message):
     num_total_blocks: int
     num_queued_interactive_blocks: int
     num_queued_batch_blocks: int
-    def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ..., num_total_blocks: _Optional[int] = ..., num_queued_interactive_blocks: _Optional[int] = ..., num_queued_batch_blocks: _Optional[int] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerLoad]
+    def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ..., num_total_blocks: _Optional[int] = ..., num_queued_interactive_blocks: _Optional[int] = ..., num_queued_batch_blocks: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ...) -> None: ...
+
+class WorkerLoad(_message.Message):
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    model: str
+    num_free_blocks: int
+    num_total_blocks: int
+    num_running: int
+    alive: bool
+    draining: bool
+    suspect: bool
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "boot_id", "adapters")
