@@ -14,12 +14,11 @@ from typing import Any
 
 from services.core.db import Database, driver_cursor, single_statement
 from services.core.runs import RunState
-from services.ledger.pricing import BILLING_TYPES, CACHED_INPUT_TOKENS
+from services.ledger.pricing import BILLING_TYPES
 
 _QUEUED, _STREAMING = str(RunState.QUEUED), str(RunState.STREAMING)
-# Cached prompt tokens are also counted among the input tokens: counting them again would
-# count one token twice.
-_TOKEN_TYPES = [t for t in BILLING_TYPES if t != CACHED_INPUT_TOKENS]
+# Every token billed: input (uncached), cached input and output.
+_TOKEN_TYPES = list(BILLING_TYPES)
 
 
 @dataclass(frozen=True, slots=True)

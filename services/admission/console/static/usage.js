@@ -12,6 +12,7 @@ export async function showUsage(container, days = 14) {
     label: label(day),
     parts: [
       { value: q(day, "input_tokens"), cls: "input", name: "input tokens" },
+      { value: q(day, "cached_input_tokens"), cls: "cached", name: "cached input tokens" },
       { value: q(day, "output_tokens"), cls: "output", name: "output tokens" },
     ],
   }));
@@ -20,7 +21,8 @@ export async function showUsage(container, days = 14) {
     parts: [{ value: day.amount_micros / 1e6, cls: "spend", name: "spend" }],
   }));
   const totalTokens = usage.days.reduce(
-    (sum, day) => sum + q(day, "input_tokens") + q(day, "output_tokens"),
+    (sum, day) =>
+      sum + q(day, "input_tokens") + q(day, "cached_input_tokens") + q(day, "output_tokens"),
     0,
   );
   const totalMicros = usage.days.reduce((sum, day) => sum + day.amount_micros, 0);
@@ -36,7 +38,9 @@ export async function showUsage(container, days = 14) {
       `${days} days: ${totalRuns} runs billed, ${totalTokens} tokens, `,
       h("strong", {}, money(totalMicros, usage.currency)),
     ),
-    h("div", { class: "legend" }, h("span", { class: "input" }, "input"), h("span", { class: "output" }, "output")),
+    h("div", { class: "legend" }, h("span", { class: "input" }, "input"),
+      h("span", { class: "cached" }, "cached input"),
+      h("span", { class: "output" }, "output"),),
     barChart("tokens per day", tokens, compact),
     barChart(`spend per day (${usage.currency})`, spend, (v) => v.toFixed(4)),
   );
