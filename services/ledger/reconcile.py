@@ -239,7 +239,7 @@ def _double_billed(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
 _TOKEN_IDS = r'"token_ids":\s*\[([^\]]*)\]'
 
 
-def _num_tokens(payload: sa.ColumnElement[object]) -> sa.ColumnElement[int]:
+def streamed_tokens(payload: sa.ColumnElement[object]) -> sa.ColumnElement[int]:
     listed = sa.func.nullif(sa.func.substring(sa.cast(payload, sa.Text), _TOKEN_IDS), "")
     return sa.func.coalesce(sa.func.array_length(sa.func.string_to_array(listed, ","), 1), 0)
 
@@ -248,7 +248,7 @@ def _token_mismatch(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
     streamed = (
         sa.select(
             run_events.c.run_id,
-            sa.func.sum(_num_tokens(run_events.c.payload)).label("num_tokens"),
+            sa.func.sum(streamed_tokens(run_events.c.payload)).label("num_tokens"),
         )
         .where(run_events.c.kind == str(RunState.STREAMING))
         .group_by(run_events.c.run_id)

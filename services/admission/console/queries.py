@@ -4,7 +4,9 @@ run events, top tenants from the ledger, and the relay's lag from the outbox.
 Latency comes from the events rather than a metrics registry because admission's own
 registry never sees a token: the events are the one record every replica shares. A
 `streaming` event is one engine step, so its inter-token latency is the gap since the
-previous step divided by the tokens it carries.
+previous step divided by the tokens it carries. Its tokens are counted as the ledger's
+reconciliation counts them: PostgreSQL's JSON operators refuse a payload holding an
+escaped NUL, which a model may emit.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 from services.core.db import Database, driver_cursor, single_statement
 from services.core.runs import RunState
+from services.core.schema import run_events, runs
 from services.ledger.pricing import BILLING_TYPES
+from services.ledger.reconcile import streamed_tokens
 
 _QUEUED, _STREAMING = str(RunState.QUEUED), str(RunState.STREAMING)
 # Every token billed: input (uncached), cached input and output.
@@ -53,37 +59,6 @@ class RelayLag:
     oldest_age_seconds: float
 
 
-# The first `streaming` event of a run follows its `queued` one (its TTFT); each later
-# one follows a `streaming` one (an ITL sample). Prefill and requeue events are skipped
-# by the filter on kinds, so the gaps are between the kinds named.
-_LATENCY = """
-    WITH recent AS (
-        SELECT run_id FROM runs WHERE created_at >= now() - make_interval(secs => %(window)s)
-    ), steps AS (
-        SELECT e.kind, e.created_at,
-               CASE WHEN e.kind = %(streaming)s
-                    THEN json_array_length(e.payload -> 'token_ids') ELSE 0 END AS num_tokens,
-               lag(e.kind) OVER w AS previous_kind,
-               extract(epoch FROM e.created_at - lag(e.created_at) OVER w) AS gap
-        FROM run_events e JOIN recent ON recent.run_id = e.run_id
-        WHERE e.kind IN (%(queued)s, %(streaming)s)
-        WINDOW w AS (PARTITION BY e.run_id ORDER BY e.seq)
-    ), samples AS (
-        SELECT CASE WHEN previous_kind = %(queued)s THEN gap END AS ttft,
-               CASE WHEN previous_kind = %(streaming)s
-                    THEN gap / greatest(num_tokens, 1) END AS itl,
-               num_tokens
-        FROM steps WHERE kind = %(streaming)s
-    )
-    SELECT (SELECT count(*) FROM recent) AS num_runs,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft) AS ttft_p50,
-           percentile_cont(0.99) WITHIN GROUP (ORDER BY ttft) AS ttft_p99,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY itl) AS itl_p50,
-           percentile_cont(0.99) WITHIN GROUP (ORDER BY itl) AS itl_p99,
-           coalesce(sum(num_tokens), 0) AS num_output_tokens
-    FROM samples
-"""
-
 _TOP_TENANTS = """
     SELECT e.tenant_id, coalesce(t.name, '') AS name,
            sum(e.quantity) FILTER (WHERE e.billing_type = ANY(%(token_types)s)) AS num_tokens,
@@ -106,12 +81,8 @@ _RELAY_LAG = """
 
 
 async def latency(db: Database, window_seconds: float) -> Latency:
-    params = {
-        "window": window_seconds,
-        "queued": _QUEUED,
-        "streaming": _STREAMING,
-    }
-    row = await _one(db, _LATENCY, params)
+    async with single_statement(db) as conn:
+        row = (await conn.execute(_latency_query(window_seconds))).one()._mapping
     return Latency(
         window_seconds=window_seconds,
         num_runs=int(row["num_runs"]),
@@ -121,6 +92,53 @@ async def latency(db: Database, window_seconds: float) -> Latency:
         itl_p99=_seconds(row["itl_p99"]),
         num_output_tokens=int(row["num_output_tokens"]),
     )
+
+
+def _latency_query(window_seconds: float) -> sa.Select[Any]:
+    """One statement. Of a run's `queued` and `streaming` events in seq order, the first
+    `streaming` one follows `queued` (its gap is the TTFT) and each later one follows a
+    `streaming` one (an ITL sample); prefill and the rest are filtered out first."""
+    since = sa.func.now() - sa.literal_column("interval '1 second'") * float(window_seconds)
+    recent = sa.select(runs.c.run_id).where(runs.c.created_at >= since).cte("recent")
+    e = run_events.c
+    steps = (
+        sa.select(
+            e.kind,
+            sa.case((e.kind == _STREAMING, streamed_tokens(e.payload)), else_=0).label(
+                "num_tokens"
+            ),
+            _previous(e.kind).label("previous_kind"),
+            sa.extract("epoch", e.created_at - _previous(e.created_at)).label("gap"),
+        )
+        .select_from(run_events.join(recent, recent.c.run_id == e.run_id))
+        .where(e.kind.in_([_QUEUED, _STREAMING]))
+        .cte("steps")
+    )
+    per_token = steps.c.gap / sa.func.greatest(steps.c.num_tokens, 1)
+    samples = (
+        sa.select(
+            sa.case((steps.c.previous_kind == _QUEUED, steps.c.gap)).label("ttft"),
+            sa.case((steps.c.previous_kind == _STREAMING, per_token)).label("itl"),
+            steps.c.num_tokens,
+        )
+        .where(steps.c.kind == _STREAMING)
+        .cte("samples")
+    )
+    num_runs = sa.select(sa.func.count()).select_from(recent).scalar_subquery()
+    return sa.select(
+        num_runs.label("num_runs"),
+        *(
+            sa.func.percentile_cont(q).within_group(column).label(f"{column.name}_p{name}")
+            for column in (samples.c.ttft, samples.c.itl)
+            for q, name in ((0.5, "50"), (0.99, "99"))
+        ),
+        sa.func.coalesce(sa.func.sum(samples.c.num_tokens), 0).label("num_output_tokens"),
+    )
+
+
+def _previous(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """`column` of the run's event before this one (among those selected)."""
+    return sa.func.lag(column).over(partition_by=run_events.c.run_id, order_by=run_events.c.seq)
 
 
 async def top_tenants(db: Database, window_seconds: float, limit: int) -> list[TenantTotal]:

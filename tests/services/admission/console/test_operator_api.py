@@ -43,13 +43,14 @@ async def timed_run(store: EventStore, tenant_id: str, offsets: list[float]) -> 
     """A run queued at 0 that streamed 1, 2 and 1 tokens at offsets[1:] seconds (prefill
     in between), then completed: its events' times set as given."""
     run_id = await queued_run(store, tenant_id)
-    tokens = [[1], [2, 3], [4]]
+    # A NUL in the text, as a model may emit: PostgreSQL's JSON operators refuse it.
+    steps = [([1], "x"), ([2, 3], "\x00"), ([4], "y")]
     await store.append(
         run_id,
         1,
         [
             NewEvent(RunState.PREFILL),
-            *(NewEvent(RunState.STREAMING, {"token_ids": t, "text": "x"}) for t in tokens),
+            *(NewEvent(RunState.STREAMING, {"token_ids": t, "text": x}) for t, x in steps),
             NewEvent(RunState.COMPLETED, {"finish_reason": "length", "usage": usage(3, 0, 4)}),
         ],
     )
