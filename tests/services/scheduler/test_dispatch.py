@@ -44,6 +44,9 @@ async def test_a_queued_run_is_assigned_under_its_lease_and_last_seq(
 
     now = await stats(scheduler)
     assert (now.num_interactive, now.num_batch, now.num_running, now.num_workers) == (0, 0, 1, 1)
+    [load] = now.workers
+    assert (load.worker_id, load.num_running, load.alive) == ("w1", 1, True)
+    assert 0 <= load.num_free_blocks <= load.num_total_blocks or load.num_total_blocks == 0
     await asyncio.sleep(0.5)
     assert len(worker.assigned) == 1  # assigned once, whatever rescans found meanwhile
 

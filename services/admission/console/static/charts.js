@@ -21,7 +21,8 @@ export function barChart(title, bars, format = String) {
     "aria-label": title,
   });
   const total = (bar) => bar.parts.reduce((sum, p) => sum + p.value, 0);
-  const top = Math.max(1, ...bars.map(total));
+  // The tallest bar fills the plot, however small (a day's spend may be a few micro-units).
+  const top = Math.max(0, ...bars.map(total)) || 1;
   const plotW = WIDTH - PAD.left - PAD.right;
   const plotH = HEIGHT - PAD.top - PAD.bottom;
   const slot = plotW / Math.max(1, bars.length);

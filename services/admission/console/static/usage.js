@@ -42,6 +42,6 @@ export async function showUsage(container, days = 14) {
       h("span", { class: "cached" }, "cached input"),
       h("span", { class: "output" }, "output"),),
     barChart("tokens per day", tokens, compact),
-    barChart(`spend per day (${usage.currency})`, spend, (v) => v.toFixed(4)),
+    barChart(`spend per day (${usage.currency})`, spend, (v) => (v ? v.toPrecision(2) : "0")),
   );
 }
