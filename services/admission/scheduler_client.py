@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import grpc
 import structlog
@@ -18,6 +18,7 @@ import structlog
 from services.admission.admit import Admitted
 from services.admission.backpressure import FleetLoad
 from services.core.errors import FieldViolation, InvalidArgument
+from services.core.fleet import WorkerLoad
 from services.core.internal import internal_channel
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -52,18 +53,6 @@ class QueueDepth:
             f"{largest} tokens the largest worker serving {model} can hold"
         )
         return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    worker_id: str
-    model: str
-    num_free_blocks: int
-    num_total_blocks: int
-    num_running: int
-    alive: bool
-    draining: bool
-    suspect: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +168,4 @@ def hinted_run(admitted: Admitted) -> scheduler_pb2.HintedRun:
 
 
 def worker_load(message: scheduler_pb2.WorkerLoad) -> WorkerLoad:
-    return WorkerLoad(
-        worker_id=message.worker_id,
-        model=message.model,
-        num_free_blocks=message.num_free_blocks,
-        num_total_blocks=message.num_total_blocks,
-        num_running=message.num_running,
-        alive=message.alive,
-        draining=message.draining,
-        suspect=message.suspect,
-    )
+    return WorkerLoad(*(getattr(message, f.name) for f in fields(WorkerLoad)))

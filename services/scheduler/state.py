@@ -14,24 +14,11 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 
+from services.core.fleet import WorkerLoad
 from services.core.loop import wait_set
 from services.scheduler.fair_queue import FairQueue, QueueClass
 from services.scheduler.records import Assignment, QueuedRun
 from services.scheduler.workers import Worker, WorkerRegistry
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """One worker as the scheduler last heard from it, with the runs assigned to it."""
-
-    worker_id: str
-    model: str
-    num_free_blocks: int
-    num_total_blocks: int
-    num_running: int
-    alive: bool
-    draining: bool
-    suspect: bool
 
 
 @dataclass(frozen=True, slots=True)

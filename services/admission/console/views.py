@@ -7,7 +7,8 @@ from typing import Any
 
 from services.admission.console.queries import Latency, TenantTotal
 from services.admission.console.usage import DayUsage
-from services.admission.scheduler_client import Fleet, WorkerLoad
+from services.admission.scheduler_client import Fleet
+from services.core.fleet import WorkerLoad
 from services.ledger.reconcile import InvariantReport
 
 # The page shows a few of the runs that break an invariant; `tollgate reconcile` lists all.
