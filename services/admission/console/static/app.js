@@ -53,7 +53,9 @@ function startTenant(session) {
   show("tenant");
   fill($("#who"), `${session.tenant_name} (${session.tenant_id})`);
   const refreshUsage = () => showUsage($("#usage"));
-  const playground = new Playground($("#playground"), { onBilled: refreshUsage });
+  const refreshRuns = () => showRuns($("#runs"), openTimeline);
+  const onBilled = () => Promise.all([refreshUsage(), refreshRuns()]);
+  const playground = new Playground($("#playground"), { onBilled });
   playground.models();
   $("#pg-form").onsubmit = (event) => {
     event.preventDefault();
@@ -61,7 +63,7 @@ function startTenant(session) {
   };
   $("#pg-drop").onclick = () => playground.drop();
   $("#pg-stop").onclick = () => playground.stop();
-  stops.push(every(2000, () => showRuns($("#runs"), openTimeline)));
+  stops.push(every(2000, refreshRuns));
   stops.push(every(15000, refreshUsage));
   window.onhashchange = route;
   route();
