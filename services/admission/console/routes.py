@@ -24,6 +24,7 @@ from services.admission.console.views import (
 )
 from services.admission.gateway import Gateway
 from services.admission.http_responses import run_json
+from services.admission.keys import KeyRepository
 from services.admission.runs_query import MAX_PAGE_SIZE, list_runs
 from services.admission.scheduler_client import SchedulerClient
 from services.admission.tenants import TenantRepository
@@ -85,6 +86,7 @@ class Console:
         self.settings = settings
         self.scheduler = scheduler
         self.tenant_repository = TenantRepository(gateway.db)
+        self.keys = KeyRepository(gateway.db)
 
     async def page(self, request: Request) -> Response:
         if request.url.path.endswith("/"):
@@ -191,12 +193,12 @@ class Console:
     async def create_key(self, tenant_id: str, request: Request) -> dict[str, Any]:
         """A new key for the tenant; its secret is in this answer only."""
         await self._operator(request)
-        key = await self.tenant_repository.create_key(tenant_id)
+        key = await self.keys.create(tenant_id)
         return {"key_id": key.key_id, "tenant_id": key.tenant_id, "secret": key.secret}
 
     async def revoke_key(self, key_id: str, request: Request) -> dict[str, Any]:
         await self._operator(request)
-        key = await self.tenant_repository.revoke_key(key_id)
+        key = await self.keys.revoke(key_id)
         return {"key_id": key.key_id, "tenant_id": key.tenant_id, "revoked": key.revoked}
 
     def _file(self, name: str) -> Response:
