@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.attachments import attach_in
+from services.admission.rate_headers import rate_limit_headers
 from services.admission.requests import GenerateParams
 from services.core.db import Database, driver_cursor, single_statement
-from services.core.errors import NotFound, QuotaExceeded
+from services.core.errors import (
+    ApiError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    QuotaExceeded,
+)
 from services.core.eventstore import Append, append_in, view_from_row
+from services.core.quota_store import Subject, load_limits, subjects, usage_now, window_entries
+from services.core.quotas import (
+    MODEL_NOT_PRICED,
+    Demand,
+    Refusal,
+    SubjectUsage,
+    cost_of,
+    oversized,
+    refusal,
+    window_wait,
+)
 from services.core.runs import NewEvent, NewRun, RunState, RunView, StoredEvent
 from services.core.schema import runs
-
-QUOTA_RETRY_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +44,17 @@ class Admission:
     traceparent: str = ""
     # The admission replica that streams the run first: it holds the run's first lease.
     replica_id: str = ""
+    key_id: str = ""  # the API key it came with, whose own limits apply too
+    # The most the run can cost at the model's prices; None: the model has no price.
+    spend_micros: int | None = 0
+
+    def demand(self) -> Demand:
+        return Demand(
+            input_tokens=len(self.prompt_token_ids),
+            output_tokens=self.params.sampling.max_tokens,
+            num_kv_blocks=self.num_kv_blocks,
+            spend_micros=self.spend_micros,
+        )
 
     @property
     def idempotency_key(self) -> str:
@@ -51,14 +78,18 @@ class Admitted:
     admission: Admission
     queued: StoredEvent
     tenant_weight: int
+    # The x-ratelimit-* answer metadata (empty when no rate limit applies).
+    rate_limits: dict[str, str] = field(default_factory=dict)
 
 
 async def admit(db: Database, admission: Admission) -> Admitted:
-    """Appends `queued`, then checks the tenant's quotas and reserves KV blocks.
+    """Appends `queued`, then checks the tenant's and the key's limits and reserves the
+    run's KV blocks, tokens and worst-case spend.
 
     Raises QuotaExceeded, or IdempotencyKeyTaken when another run holds the key. The
-    tenant row lock serializes this tenant's admissions, so it is taken last: held for
-    one statement and the commit, not for the whole transaction.
+    tenant row lock serializes this tenant's (and its keys') admissions, so it is taken
+    last: held for the usage read, the reservation and the commit, not the whole
+    transaction.
     """
     async with db.begin() as conn:
         new_run = NewRun(
@@ -72,74 +103,99 @@ async def admit(db: Database, admission: Admission) -> Admitted:
         [queued] = await append_in(
             conn, Append(admission.run_id, 0, [event], new_run, None, admission.traceparent)
         )
-        weight = await _reserve(conn, admission)
+        reserved = await _reserve(conn, admission)
         if admission.replica_id:
             await attach_in(
                 conn, admission.run_id, admission.replica_id, admission.params.disconnect_grace
             )
-    return Admitted(admission, queued, weight)
+    return Admitted(admission, queued, reserved.weight, reserved.rate_limits)
 
 
-# Counts the tenant's open reservations and inserts this run's when both quotas allow it.
-# A statement of its own after the lock: its snapshot sees every reservation committed
-# by the admissions that held the lock before.
+# The run's reservation, stamped with the instant its usage was read at (so each
+# window the run counts in held no more than the limit when it was admitted), and its
+# worst-case spend charged to each budget it counts against, in subject order (the
+# order billing takes the same rows in).
 _RESERVE = """
-    WITH open AS (
-        SELECT coalesce(sum(num_kv_blocks), 0) AS blocks, count(*) AS runs
-        FROM kv_reservations WHERE tenant_id = %(tenant_id)s AND released_at IS NULL
-    ), reserved AS (
-        INSERT INTO kv_reservations (run_id, tenant_id, num_kv_blocks, reserved_at)
-        SELECT %(run_id)s, %(tenant_id)s, %(num_kv_blocks)s, clock_timestamp() FROM open
-        WHERE (%(max_blocks)s = 0 OR open.blocks + %(num_kv_blocks)s <= %(max_blocks)s)
-          AND (%(max_runs)s = 0 OR open.runs < %(max_runs)s)
-        RETURNING 1
+    WITH reserved AS (
+        INSERT INTO kv_reservations (run_id, tenant_id, key_id, num_kv_blocks, input_tokens,
+                                     output_tokens, spend_micros, tenant_budget_start,
+                                     key_budget_start, reserved_at)
+        VALUES (%(run_id)s, %(tenant_id)s, %(key_id)s, %(num_kv_blocks)s, %(input_tokens)s,
+                %(output_tokens)s, %(spend_micros)s, %(tenant_budget_start)s,
+                %(key_budget_start)s, %(now)s)
     )
-    SELECT open.blocks, open.runs, EXISTS (SELECT FROM reserved) AS reserved FROM open
+    INSERT INTO budget_spend (subject, period_start, spent_micros)
+    SELECT * FROM unnest(%(subjects)s::text[], %(starts)s::timestamptz[], %(amounts)s::bigint[])
+    ORDER BY 1
+    ON CONFLICT (subject, period_start)
+    DO UPDATE SET spent_micros = budget_spend.spent_micros + excluded.spent_micros
 """
 
-_LOCK_TENANT = """
-    SELECT max_kv_blocks, max_concurrent_runs, weight FROM tenants
-    WHERE tenant_id = %s FOR UPDATE
-"""
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    weight: int
+    rate_limits: dict[str, str]
 
 
-async def _reserve(conn: AsyncConnection, admission: Admission) -> int:
-    """Reserves the run's KV blocks within the tenant's quotas; returns the tenant's weight."""
+async def _reserve(conn: AsyncConnection, admission: Admission) -> Reserved:
+    """Reserves the run within the tenant's limits and its key's; raises QuotaExceeded."""
+    limits = await load_limits(conn, admission.tenant_id, admission.key_id, lock=True)
+    if limits is None:
+        raise NotFound(f"tenant {admission.tenant_id} does not exist")
+    demand = admission.demand()
+    for own in (limits.tenant, limits.key):
+        too_large = oversized(own, demand) if own is not None else None
+        if too_large is not None:
+            raise InvalidArgument([too_large])
+    of = subjects(admission.tenant_id, admission.key_id, limits)
+    snapshot = await usage_now(conn, of)
+    for subject, usage in zip(of, snapshot.usages, strict=True):
+        refused = refusal(usage, demand)
+        if refused is not None:
+            raise await _exceeded(conn, subject, usage, refused, demand)
+    charged = [
+        (subject, start)
+        for subject, start in zip(of, snapshot.period_starts, strict=True)
+        if subject.limits.budget_micros
+    ]
+    starts = {subject.column: start for subject, start in charged}
     async with driver_cursor(conn) as cursor:
-        await cursor.execute(_LOCK_TENANT, (admission.tenant_id,))
-        tenant = await cursor.fetchone()
-        if tenant is None:
-            raise NotFound(f"tenant {admission.tenant_id} does not exist")
-        max_blocks = tenant["max_kv_blocks"] or 0
-        max_runs = tenant["max_concurrent_runs"] or 0
         await cursor.execute(
             _RESERVE,
             {
-                "tenant_id": admission.tenant_id,
                 "run_id": admission.run_id,
-                "num_kv_blocks": admission.num_kv_blocks,
-                "max_blocks": max_blocks,
-                "max_runs": max_runs,
+                "tenant_id": admission.tenant_id,
+                "key_id": admission.key_id,
+                "num_kv_blocks": demand.num_kv_blocks,
+                "input_tokens": demand.input_tokens,
+                "output_tokens": demand.output_tokens,
+                "spend_micros": demand.spend_micros or 0,
+                "tenant_budget_start": starts.get("tenant_id"),
+                "key_budget_start": starts.get("key_id"),
+                "now": snapshot.now,
+                "subjects": [subject.subject for subject, _ in charged],
+                "starts": [start for _, start in charged],
+                "amounts": [demand.spend_micros or 0 for _ in charged],
             },
         )
-        reserved = await cursor.fetchone()
-    assert reserved is not None
-    open_blocks, open_runs = reserved["blocks"], reserved["runs"]
-    if reserved["reserved"]:
-        return int(tenant["weight"])
-    if max_blocks and open_blocks + admission.num_kv_blocks > max_blocks:
-        raise QuotaExceeded(
-            f"KV quota: {open_blocks} of {max_blocks} blocks reserved, this run needs {admission.num_kv_blocks}",
-            subject=f"tenant:{admission.tenant_id}:kv_blocks",
-            retry_after=QUOTA_RETRY_SECONDS,
-            reason="KV_LIMITED",
+    return Reserved(limits.weight, rate_limit_headers(snapshot.usages, demand))
+
+
+async def _exceeded(
+    conn: AsyncConnection, subject: Subject, usage: SubjectUsage, refused: Refusal, demand: Demand
+) -> ApiError:
+    if refused.reason == MODEL_NOT_PRICED:
+        return FailedPrecondition(
+            refused.description, MODEL_NOT_PRICED, {"subject": refused.subject}
         )
-    raise QuotaExceeded(
-        f"concurrency quota: {open_runs} of {max_runs} runs in flight",
-        subject=f"tenant:{admission.tenant_id}:concurrent_runs",
-        retry_after=QUOTA_RETRY_SECONDS,
-        reason="CONCURRENCY_LIMITED",
-    )
+    retry_after = refused.retry_after
+    if retry_after is None:  # a window limit
+        entries = await window_entries(conn, subject, usage.now)
+        limit = getattr(usage.limits, refused.limit)
+        cost = cost_of(refused.limit, demand)
+        retry_after = window_wait(entries, refused.limit, limit, cost, usage.now)
+    return QuotaExceeded(refused.description, refused.subject, retry_after, refused.reason)
 
 
 async def find_by_idempotency_key(db: Database, tenant_id: str, key: str) -> RunView | None:

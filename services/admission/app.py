@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import grpc
@@ -33,6 +34,7 @@ from services.core.metrics import start_metrics
 from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve
 from services.core.tls import ServerTls
+from services.ledger.pricing import DEFAULT_CURRENCY, parse_prices
 from tollgate.v1 import (
     admin_pb2_grpc,
     gateway_pb2,
@@ -84,6 +86,10 @@ class AdmissionSettings:
                 interactive_kv_watermark=env_float("TOLLGATE_INTERACTIVE_KV_WATERMARK", -2.0),
                 max_concurrent_streams=env_int(
                     "TOLLGATE_MAX_CONCURRENT_STREAMS", DEFAULT_MAX_CONCURRENT_STREAMS
+                ),
+                prices=parse_prices(
+                    os.environ.get("TOLLGATE_PRICES"),
+                    env_str("TOLLGATE_CURRENCY", DEFAULT_CURRENCY),
                 ),
             ),
             default_max_concurrent_runs=env_int(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import structlog
 from prometheus_client import Counter as MetricCounter
@@ -26,6 +26,7 @@ from services.admission.requests import (
     vocabulary_violation,
 )
 from services.admission.scheduler_client import QueueDepth
+from services.admission.spend import worst_case_micros
 from services.admission.stream import RunFeed, stream_events
 from services.admission.stream_limits import (
     DEFAULT_MAX_CONCURRENT_STREAMS,
@@ -42,6 +43,7 @@ from services.core.key_usage import KeyUsage
 from services.core.ratelimit import FailedAttempts
 from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
 from services.core.telemetry import current_traceparent, get_tracer
+from services.ledger.pricing import PriceTable
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +58,8 @@ class Started:
 
     run_id: str
     stored: tuple[StoredEvent, ...] = ()
+    # The x-ratelimit-* metadata of a run admitted now, to send before its events.
+    rate_limits: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,8 @@ class GatewayConfig:
     interactive_kv_watermark: float = -2.0
     # For tenants whose quota does not set `max_concurrent_streams`; 0 = unlimited.
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
+    # What budgets reserve at (TOLLGATE_PRICES, as the ledger reads it).
+    prices: PriceTable = field(default_factory=PriceTable)
 
     def __post_init__(self) -> None:
         # Built once here, so bad watermarks stop the process at start, not a request.
@@ -121,18 +127,19 @@ class Gateway:
         # Each key's last use, written in batches by `run()`.
         self.key_usage = KeyUsage()
 
-    async def start(self, tenant_id: str, params: GenerateParams) -> Started:
+    async def start(self, tenant_id: str, params: GenerateParams, key_id: str = "") -> Started:
         """Admits a new run, or finds the run this idempotency key already names; with the
-        `queued` event when this call stored it (to `follow`).
+        `queued` event when this call stored it (to `follow`). `key_id` names the API key
+        whose own limits apply with the tenant's.
 
         Both fronts start here, so the run's trace starts here: the `queued` event carries
         this span's context to the scheduler, the worker and the ledger."""
         with generate_span(tenant_id, params) as span:
-            started = await self._start(tenant_id, params)
+            started = await self._start(tenant_id, params, key_id)
             span.set_attribute("tollgate.run_id", started.run_id)
             return started
 
-    async def _start(self, tenant_id: str, params: GenerateParams) -> Started:
+    async def _start(self, tenant_id: str, params: GenerateParams, key_id: str) -> Started:
         validate(params, self.catalog.names(), self.config.limits)
         # Refused before a run exists whose stream would be refused.
         self.streams.check(tenant_id, await self.stream_limits.get(tenant_id))
@@ -152,7 +159,7 @@ class Gateway:
                 if existing is not None:
                     return Started(self._same_request(existing, params))
                 raise refused
-        admission = await self._prepare(tenant_id, params)
+        admission = await self._prepare(tenant_id, params, key_id)
         prompt_token_ids = admission.prompt_token_ids
         with get_tracer().start_as_current_span("tollgate.admission.admit") as span:
             span.set_attribute("tollgate.run_id", admission.run_id)
@@ -172,7 +179,7 @@ class Gateway:
             tenant_id=tenant_id,
             prompt_tokens=len(prompt_token_ids),
         )
-        return Started(admission.run_id, (admitted.queued,))
+        return Started(admission.run_id, (admitted.queued,), admitted.rate_limits)
 
     async def run(self) -> None:
         """Cancels the runs no client streams any more, once their grace is over, and
@@ -181,7 +188,7 @@ class Gateway:
             self.attachments.run(self._cancel_abandoned), self.key_usage.run(self.db)
         )
 
-    async def _prepare(self, tenant_id: str, params: GenerateParams) -> Admission:
+    async def _prepare(self, tenant_id: str, params: GenerateParams, key_id: str) -> Admission:
         """The run to admit: its prompt tokenized and checked against the model, and its
         `queued` event against the size the broker takes."""
         model = self.catalog.get(params.model)
@@ -205,6 +212,13 @@ class Gateway:
             ),
             traceparent=current_traceparent(),
             replica_id=self.attachments.replica_id,
+            key_id=key_id,
+            spend_micros=worst_case_micros(
+                self.config.prices,
+                params.model,
+                len(prompt_token_ids),
+                params.sampling.max_tokens,
+            ),
         )
         num_bytes = encoded_size(RunState.QUEUED, admission.queued_payload())
         too_large = event_size_violation(params, num_bytes, self.config.limits)

@@ -194,19 +194,20 @@ class HttpApi:
         principal = await self._principal(request)
         tenant_id = principal.tenant_id
         assert tenant_id is not None
+        key_id = principal.key_id or ""
         params = params_of()
         require_model(principal, params.model)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        started = await self.gateway.start(tenant_id, params)
+        started = await self.gateway.start(tenant_id, params, key_id)
         completion = Completion(
             bool(params.messages), started.run_id, params.model, include_usage=include_usage
         )
         events = await self.gateway.follow(tenant_id, started.run_id, 0, True, known=started.stored)
         if body.stream:
-            return _sse(_completion_frames(events, completion), started.run_id)
+            return _sse(_completion_frames(events, completion), started.run_id, started.rate_limits)
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             ended = await _until_disconnect(request, _last(events, completion))
-        headers = {"x-request-id": started.run_id}
+        headers = {"x-request-id": started.run_id, **started.rate_limits}
         failure = run_failure(ended) if ended is not None else None
         if failure is not None:
             status = 409 if ended is not None and ended.kind == RunState.CANCELLED else 500
@@ -234,8 +235,10 @@ def _resume_point(last_event_id: str | None, starting_after: int) -> int:
     raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
 
 
-def _sse(frames: AsyncIterator[bytes], run_id: str) -> StreamingResponse:
-    headers = {"x-request-id": run_id, **SSE_HEADERS}
+def _sse(
+    frames: AsyncIterator[bytes], run_id: str, extra: Mapping[str, str] | None = None
+) -> StreamingResponse:
+    headers = {"x-request-id": run_id, **SSE_HEADERS, **(extra or {})}
     return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
 
 

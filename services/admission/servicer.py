@@ -12,6 +12,12 @@ from google.protobuf import json_format
 from services.admission.gateway import Gateway
 from services.admission.key_messages import key_to_proto, overlap_from_proto, scopes_from_proto
 from services.admission.keys import KeyRepository
+from services.admission.quota_proto import (
+    key_quota_to_proto,
+    limits_from_proto,
+    quota_violations,
+    rate_fields,
+)
 from services.admission.requests import PRIORITIES, GenerateParams, Limits, Sampling
 from services.admission.runs_query import get_tenant_run, list_runs
 from services.admission.tenants import (
@@ -67,7 +73,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         assert tenant_id is not None
         params = params_from_proto(request, self.gateway.config.limits)
         require_model(principal, params.model)
-        started = await self.gateway.start(tenant_id, params)
+        started = await self.gateway.start(tenant_id, params, principal.key_id or "")
+        if started.rate_limits:
+            await context.send_initial_metadata(tuple(started.rate_limits.items()))
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             events = await self.gateway.follow(
                 tenant_id, started.run_id, 0, params.until_terminal, known=started.stored
@@ -209,16 +217,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.Quota:
         self._require_admin(context)
         quota = request.quota
-        violations = [
-            FieldViolation(f"quota.{name}", "must not be negative")
-            for name in ("max_kv_blocks", "max_concurrent_runs", "max_concurrent_streams")
-            if getattr(quota, name) < 0
-        ]
+        violations = quota_violations(quota)
         if violations:
             raise InvalidArgument(violations)
+        limits = limits_from_proto(quota)
+        if quota.key_id:
+            key_quota = await self.tenants.set_key_quota(quota.tenant_id, quota.key_id, limits)
+            return key_quota_to_proto(key_quota)
         streams = quota.max_concurrent_streams if quota.HasField("max_concurrent_streams") else None
         tenant = await self.tenants.set_quota(
-            quota.tenant_id, quota.max_kv_blocks, quota.max_concurrent_runs, streams
+            quota.tenant_id, quota.max_kv_blocks, quota.max_concurrent_runs, streams, limits
         )
         return tenant_to_proto(tenant).quota
 
@@ -282,14 +290,17 @@ def run_to_proto(run: RunView) -> events_pb2.Run:
 
 
 def tenant_to_proto(tenant: TenantRecord) -> admin_pb2.Tenant:
+    quota = admin_pb2.Quota(
+        tenant_id=tenant.tenant_id,
+        max_kv_blocks=tenant.max_kv_blocks,
+        max_concurrent_runs=tenant.max_concurrent_runs,
+        max_concurrent_streams=tenant.max_concurrent_streams,
+        **rate_fields(tenant.limits),
+    )
     return admin_pb2.Tenant(
         tenant_id=tenant.tenant_id,
         name=tenant.name,
         weight=tenant.weight,
-        quota=admin_pb2.Quota(
-            tenant_id=tenant.tenant_id,
-            max_kv_blocks=tenant.max_kv_blocks,
-            max_concurrent_runs=tenant.max_concurrent_runs,
-            max_concurrent_streams=tenant.max_concurrent_streams,
-        ),
+        quota=quota,
+        key_quotas=[key_quota_to_proto(k) for k in tenant.key_quotas],
     )

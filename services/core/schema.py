@@ -69,6 +69,11 @@ tenants = sa.Table(
     sa.Column("max_concurrent_runs", sa.Integer, nullable=False),
     sa.Column("max_concurrent_streams", sa.Integer),  # NULL: admission's default
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("requests_per_minute", sa.Integer, nullable=False),
+    sa.Column("input_tokens_per_minute", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens_per_minute", sa.BigInteger, nullable=False),
+    sa.Column("budget_micros", sa.BigInteger, nullable=False),
+    sa.Column("budget_period", sa.Text, nullable=False),
 )
 
 api_keys = sa.Table(
@@ -109,6 +114,36 @@ kv_reservations = sa.Table(
     sa.Column("num_kv_blocks", sa.BigInteger, nullable=False),
     sa.Column("reserved_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("released_at", sa.DateTime(timezone=True)),
+    # What the rate and budget limits count: reserved at admission, settled at billing.
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("spend_micros", sa.BigInteger, nullable=False),
+    sa.Column("tenant_budget_start", sa.DateTime(timezone=True)),
+    sa.Column("key_budget_start", sa.DateTime(timezone=True)),
+)
+
+# A key's own limits; the tighter of these and its tenant's wins.
+key_quotas = sa.Table(
+    "key_quotas",
+    metadata,
+    sa.Column("key_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("requests_per_minute", sa.Integer, nullable=False),
+    sa.Column("input_tokens_per_minute", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens_per_minute", sa.BigInteger, nullable=False),
+    sa.Column("budget_micros", sa.BigInteger, nullable=False),
+    sa.Column("budget_period", sa.Text, nullable=False),
+    sa.Column("max_concurrent_runs", sa.Integer, nullable=False),
+    sa.Column("max_kv_blocks", sa.BigInteger, nullable=False),
+)
+
+budget_spend = sa.Table(
+    "budget_spend",
+    metadata,
+    sa.Column("subject", sa.Text, primary_key=True),
+    sa.Column("period_start", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("spent_micros", sa.BigInteger, nullable=False),
 )
 
 ledger_entries = sa.Table(

@@ -41,8 +41,11 @@ async def lock_run(conn: AsyncConnection, run_id: str) -> tuple[RunView, str] | 
 
 
 # One statement: the run's entries (a repeat of a key already there is left alone), the
-# release of its reservation if still held, and every entry the ledger then holds for the
-# key (the inserted rows and any there before: one snapshot sees only the latter).
+# release of its reservation if still held, settled to the run's actual tokens and cost
+# (the rate windows and the budgets it was charged to then count those, not the worst
+# case reserved), and every entry the ledger then holds for the key (the inserted rows
+# and any there before: one snapshot sees only the latter). Budget rows are taken in
+# subject order, as admission takes them.
 _WRITE_BILL = """
     WITH inserted AS (
         INSERT INTO ledger_entries (entry_id, tenant_id, run_id, idempotency_key, billing_type,
@@ -56,9 +59,26 @@ _WRITE_BILL = """
         ON CONFLICT DO NOTHING
         RETURNING *
     ), released AS (
-        UPDATE kv_reservations SET released_at = now()
-        WHERE run_id = %(run_id)s AND released_at IS NULL
-        RETURNING 1
+        UPDATE kv_reservations r
+        SET released_at = now(), input_tokens = %(input_tokens)s,
+            output_tokens = %(output_tokens)s, spend_micros = %(spend_micros)s
+        FROM kv_reservations before
+        WHERE r.run_id = %(run_id)s AND r.released_at IS NULL AND before.run_id = r.run_id
+        RETURNING r.tenant_id, r.key_id, r.tenant_budget_start, r.key_budget_start,
+                  %(spend_micros)s - before.spend_micros AS settled_micros
+    ), charged AS (
+        SELECT b.subject, b.period_start, released.settled_micros
+        FROM budget_spend b JOIN released
+          ON (b.subject = 'tenant:' || released.tenant_id
+              AND b.period_start = released.tenant_budget_start)
+          OR (b.subject = 'key:' || released.key_id
+              AND b.period_start = released.key_budget_start)
+        ORDER BY b.subject
+        FOR UPDATE OF b
+    ), settled AS (
+        UPDATE budget_spend b SET spent_micros = b.spent_micros + charged.settled_micros
+        FROM charged
+        WHERE b.subject = charged.subject AND b.period_start = charged.period_start
     ), held AS (
         SELECT * FROM inserted
         UNION ALL
@@ -91,6 +111,9 @@ async def write_bill(
         "run_id": run.run_id,
         "tenant_id": run.tenant_id,
         "key": run.idempotency_key,
+        "input_tokens": run.usage.prompt_tokens,
+        "output_tokens": run.usage.output_tokens,
+        "spend_micros": sum(e.amount_micros for e in entries),
     }
     async with driver_cursor(conn) as cursor:
         await cursor.execute(_WRITE_BILL, params)

@@ -26,39 +26,39 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tollgate/v1/admin.proto\x12\x0btollgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\\\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x05\x12!\n\x05quota\x18\x04 \x01(\x0b\x32\x12.tollgate.v1.Quota\"\x8e\x01\n\x05Quota\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rmax_kv_blocks\x18\x02 \x01(\x03\x12\x1b\n\x13max_concurrent_runs\x18\x03 \x01(\x05\x12#\n\x16max_concurrent_streams\x18\x04 \x01(\x05H\x00\x88\x01\x01\x42\x19\n\x17_max_concurrent_streams\"3\n\x13\x43reateTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x05\"%\n\x10GetTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\x14\n\x12ListTenantsRequest\";\n\x13ListTenantsResponse\x12$\n\x07tenants\x18\x01 \x03(\x0b\x32\x13.tollgate.v1.Tenant\"\xca\x02\n\x06\x41piKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06secret\x18\x03 \x01(\t\x12\x0f\n\x07revoked\x18\x04 \x01(\x08\x12\x16\n\x0e\x61llowed_models\x18\x05 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61lias\x18\x07 \x01(\t\x12\x32\n\x0elast_used_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12?\n\x1bprevious_secret_expire_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x80\x01\n\x13\x43reateApiKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61llowed_models\x18\x02 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61lias\x18\x04 \x01(\t\"N\n\x12ListApiKeysRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x13ListApiKeysResponse\x12%\n\x08\x61pi_keys\x18\x01 \x03(\x0b\x32\x13.tollgate.v1.ApiKey\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Q\n\x13RotateApiKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12*\n\x07overlap\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x13RevokeApiKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\"4\n\x0fSetQuotaRequest\x12!\n\x05quota\x18\x01 \x01(\x0b\x32\x12.tollgate.v1.Quota2\xcd\x04\n\x0c\x41\x64minService\x12\x45\n\x0c\x43reateTenant\x12 .tollgate.v1.CreateTenantRequest\x1a\x13.tollgate.v1.Tenant\x12?\n\tGetTenant\x12\x1d.tollgate.v1.GetTenantRequest\x1a\x13.tollgate.v1.Tenant\x12P\n\x0bListTenants\x12\x1f.tollgate.v1.ListTenantsRequest\x1a .tollgate.v1.ListTenantsResponse\x12\x45\n\x0c\x43reateApiKey\x12 .tollgate.v1.CreateApiKeyRequest\x1a\x13.tollgate.v1.ApiKey\x12\x45\n\x0cRevokeApiKey\x12 .tollgate.v1.RevokeApiKeyRequest\x1a\x13.tollgate.v1.ApiKey\x12<\n\x08SetQuota\x12\x1c.tollgate.v1.SetQuotaRequest\x1a\x12.tollgate.v1.Quota\x12P\n\x0bListApiKeys\x12\x1f.tollgate.v1.ListApiKeysRequest\x1a .tollgate.v1.ListApiKeysResponse\x12\x45\n\x0cRotateApiKey\x12 .tollgate.v1.RotateApiKeyRequest\x1a\x13.tollgate.v1.ApiKeyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tollgate/v1/admin.proto\x12\x0btollgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\x01\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x05\x12!\n\x05quota\x18\x04 \x01(\x0b\x32\x12.tollgate.v1.Quota\x12&\n\nkey_quotas\x18\x05 \x03(\x0b\x32\x12.tollgate.v1.Quota\"\xac\x02\n\x05Quota\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\rmax_kv_blocks\x18\x02 \x01(\x03\x12\x1b\n\x13max_concurrent_runs\x18\x03 \x01(\x05\x12#\n\x16max_concurrent_streams\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x13requests_per_minute\x18\x05 \x01(\x05\x12\x1f\n\x17input_tokens_per_minute\x18\x06 \x01(\x03\x12 \n\x18output_tokens_per_minute\x18\x07 \x01(\x03\x12\x15\n\rbudget_micros\x18\x08 \x01(\x03\x12\x15\n\rbudget_period\x18\t \x01(\t\x12\x0e\n\x06key_id\x18\n \x01(\tB\x19\n\x17_max_concurrent_streams\"3\n\x13\x43reateTenantRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x05\"%\n\x10GetTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\x14\n\x12ListTenantsRequest\";\n\x13ListTenantsResponse\x12$\n\x07tenants\x18\x01 \x03(\x0b\x32\x13.tollgate.v1.Tenant\"\xca\x02\n\x06\x41piKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06secret\x18\x03 \x01(\t\x12\x0f\n\x07revoked\x18\x04 \x01(\x08\x12\x16\n\x0e\x61llowed_models\x18\x05 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61lias\x18\x07 \x01(\t\x12\x32\n\x0elast_used_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12?\n\x1bprevious_secret_expire_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x80\x01\n\x13\x43reateApiKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61llowed_models\x18\x02 \x03(\t\x12/\n\x0b\x65xpire_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x61lias\x18\x04 \x01(\t\"N\n\x12ListApiKeysRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"U\n\x13ListApiKeysResponse\x12%\n\x08\x61pi_keys\x18\x01 \x03(\x0b\x32\x13.tollgate.v1.ApiKey\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Q\n\x13RotateApiKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12*\n\x07overlap\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"%\n\x13RevokeApiKeyRequest\x12\x0e\n\x06key_id\x18\x01 \x01(\t\"4\n\x0fSetQuotaRequest\x12!\n\x05quota\x18\x01 \x01(\x0b\x32\x12.tollgate.v1.Quota2\xcd\x04\n\x0c\x41\x64minService\x12\x45\n\x0c\x43reateTenant\x12 .tollgate.v1.CreateTenantRequest\x1a\x13.tollgate.v1.Tenant\x12?\n\tGetTenant\x12\x1d.tollgate.v1.GetTenantRequest\x1a\x13.tollgate.v1.Tenant\x12P\n\x0bListTenants\x12\x1f.tollgate.v1.ListTenantsRequest\x1a .tollgate.v1.ListTenantsResponse\x12\x45\n\x0c\x43reateApiKey\x12 .tollgate.v1.CreateApiKeyRequest\x1a\x13.tollgate.v1.ApiKey\x12\x45\n\x0cRevokeApiKey\x12 .tollgate.v1.RevokeApiKeyRequest\x1a\x13.tollgate.v1.ApiKey\x12<\n\x08SetQuota\x12\x1c.tollgate.v1.SetQuotaRequest\x1a\x12.tollgate.v1.Quota\x12P\n\x0bListApiKeys\x12\x1f.tollgate.v1.ListApiKeysRequest\x1a .tollgate.v1.ListApiKeysResponse\x12\x45\n\x0cRotateApiKey\x12 .tollgate.v1.RotateApiKeyRequest\x1a\x13.tollgate.v1.ApiKeyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tollgate.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENANT']._serialized_start=105
-  _globals['_TENANT']._serialized_end=197
-  _globals['_QUOTA']._serialized_start=200
-  _globals['_QUOTA']._serialized_end=342
-  _globals['_CREATETENANTREQUEST']._serialized_start=344
-  _globals['_CREATETENANTREQUEST']._serialized_end=395
-  _globals['_GETTENANTREQUEST']._serialized_start=397
-  _globals['_GETTENANTREQUEST']._serialized_end=434
-  _globals['_LISTTENANTSREQUEST']._serialized_start=436
-  _globals['_LISTTENANTSREQUEST']._serialized_end=456
-  _globals['_LISTTENANTSRESPONSE']._serialized_start=458
-  _globals['_LISTTENANTSRESPONSE']._serialized_end=517
-  _globals['_APIKEY']._serialized_start=520
-  _globals['_APIKEY']._serialized_end=850
-  _globals['_CREATEAPIKEYREQUEST']._serialized_start=853
-  _globals['_CREATEAPIKEYREQUEST']._serialized_end=981
-  _globals['_LISTAPIKEYSREQUEST']._serialized_start=983
-  _globals['_LISTAPIKEYSREQUEST']._serialized_end=1061
-  _globals['_LISTAPIKEYSRESPONSE']._serialized_start=1063
-  _globals['_LISTAPIKEYSRESPONSE']._serialized_end=1148
-  _globals['_ROTATEAPIKEYREQUEST']._serialized_start=1150
-  _globals['_ROTATEAPIKEYREQUEST']._serialized_end=1231
-  _globals['_REVOKEAPIKEYREQUEST']._serialized_start=1233
-  _globals['_REVOKEAPIKEYREQUEST']._serialized_end=1270
-  _globals['_SETQUOTAREQUEST']._serialized_start=1272
-  _globals['_SETQUOTAREQUEST']._serialized_end=1324
-  _globals['_ADMINSERVICE']._serialized_start=1327
-  _globals['_ADMINSERVICE']._serialized_end=1916
+  _globals['_TENANT']._serialized_start=106
+  _globals['_TENANT']._serialized_end=238
+  _globals['_QUOTA']._serialized_start=241
+  _globals['_QUOTA']._serialized_end=541
+  _globals['_CREATETENANTREQUEST']._serialized_start=543
+  _globals['_CREATETENANTREQUEST']._serialized_end=594
+  _globals['_GETTENANTREQUEST']._serialized_start=596
+  _globals['_GETTENANTREQUEST']._serialized_end=633
+  _globals['_LISTTENANTSREQUEST']._serialized_start=635
+  _globals['_LISTTENANTSREQUEST']._serialized_end=655
+  _globals['_LISTTENANTSRESPONSE']._serialized_start=657
+  _globals['_LISTTENANTSRESPONSE']._serialized_end=716
+  _globals['_APIKEY']._serialized_start=719
+  _globals['_APIKEY']._serialized_end=1049
+  _globals['_CREATEAPIKEYREQUEST']._serialized_start=1052
+  _globals['_CREATEAPIKEYREQUEST']._serialized_end=1180
+  _globals['_LISTAPIKEYSREQUEST']._serialized_start=1182
+  _globals['_LISTAPIKEYSREQUEST']._serialized_end=1260
+  _globals['_LISTAPIKEYSRESPONSE']._serialized_start=1262
+  _globals['_LISTAPIKEYSRESPONSE']._serialized_end=1347
+  _globals['_ROTATEAPIKEYREQUEST']._serialized_start=1349
+  _globals['_ROTATEAPIKEYREQUEST']._serialized_end=1430
+  _globals['_REVOKEAPIKEYREQUEST']._serialized_start=1432
+  _globals['_REVOKEAPIKEYREQUEST']._serialized_end=1469
+  _globals['_SETQUOTAREQUEST']._serialized_start=1471
+  _globals['_SETQUOTAREQUEST']._serialized_end=1523
+  _globals['_ADMINSERVICE']._serialized_start=1526
+  _globals['_ADMINSERVICE']._serialized_end=2115
 # @@protoc_insertion_point(module_scope)

@@ -11,28 +11,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Tenant(_message.Message):
-    __slots__ = ("tenant_id", "name", "weight", "quota")
+    __slots__ = ("tenant_id", "name", "weight", "quota", "key_quotas")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_FIELD_NUMBER: _ClassVar[int]
+    KEY_QUOTAS_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     name: str
     weight: int
     quota: Quota
-    def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., weight: _Optional[int] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...
+    key_quotas: _containers.RepeatedCompositeFieldContainer[Quota]
+    def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., weight: _Optional[int] = ..., quota: _Optional[_Union[Quota, _Mapping]] = ..., key_quotas: _Optional[_Iterable[_Union[Quota, _Mapping]]] = ...) -> None: ...
 
 class Quota(_message.Message):
-    __slots__ = ("tenant_id", "max_kv_blocks", "max_concurrent_runs", "max_concurrent_streams")
+    __slots__ = ("tenant_id", "max_kv_blocks", "max_concurrent_runs", "max_concurrent_streams", "requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute", "budget_micros", "budget_period", "key_id")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_RUNS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONCURRENT_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MICROS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     max_kv_blocks: int
     max_concurrent_runs: int
     max_concurrent_streams: int
-    def __init__(self, tenant_id: _Optional[str] = ..., max_kv_blocks: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_concurrent_streams: _Optional[int] = ...) -> None: ...
+    requests_per_minute: int
+    input_tokens_per_minute: int
+    output_tokens_per_minute: int
+    budget_micros: int
+    budget_period: str
+    key_id: str
+    def __init__(self, tenant_id: _Optional[str] = ..., max_kv_blocks: _Optional[int] = ..., max_concurrent_runs: _Optional[int] = ..., max_concurrent_streams: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., input_tokens_per_minute: _Optional[int] = ..., output_tokens_per_minute: _Optional[int] = ..., budget_micros: _Optional[int] = ..., budget_period: _Optional[str] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class CreateTenantRequest(_message.Message):
     __slots__ = ("name", "weight")

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from tollgate.v1 import events_pb2 as tollgate_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tollgate/v1/ledger.proto\x12\x0btollgate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tollgate/v1/events.proto\"d\n\x18ListLedgerEntriesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"_\n\x19ListLedgerEntriesResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.tollgate.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x82\x01\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\tUsageLine\x12\x14\n\x0c\x62illing_type\x18\x01 \x01(\t\x12\x10\n\x08quantity\x18\x02 \x01(\x03\x12\x15\n\ramount_micros\x18\x03 \x01(\x03\"\x87\x01\n\x10GetUsageResponse\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08num_runs\x18\x02 \x01(\x03\x12%\n\x05lines\x18\x03 \x03(\x0b\x32\x16.tollgate.v1.UsageLine\x12\x15\n\ramount_micros\x18\x04 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x05 \x01(\t\"\x1a\n\x18GetReconciliationRequest\"\x85\x01\n\x0eReconciliation\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x18\n\x10unbilled_run_ids\x18\x02 \x03(\t\x12\x1a\n\x12unreleased_run_ids\x18\x03 \x03(\t\x12\x1a\n\x12mismatched_run_ids\x18\x04 \x03(\t\x12\x15\n\rstuck_run_ids\x18\x05 \x03(\t2\x95\x02\n\rLedgerService\x12\x62\n\x11ListLedgerEntries\x12%.tollgate.v1.ListLedgerEntriesRequest\x1a&.tollgate.v1.ListLedgerEntriesResponse\x12G\n\x08GetUsage\x12\x1c.tollgate.v1.GetUsageRequest\x1a\x1d.tollgate.v1.GetUsageResponse\x12W\n\x11GetReconciliation\x12%.tollgate.v1.GetReconciliationRequest\x1a\x1b.tollgate.v1.Reconciliationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tollgate/v1/ledger.proto\x12\x0btollgate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tollgate/v1/events.proto\"d\n\x18ListLedgerEntriesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"_\n\x19ListLedgerEntriesResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.tollgate.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x82\x01\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\tUsageLine\x12\x14\n\x0c\x62illing_type\x18\x01 \x01(\t\x12\x10\n\x08quantity\x18\x02 \x01(\x03\x12\x15\n\ramount_micros\x18\x03 \x01(\x03\"\xb0\x01\n\x10GetUsageResponse\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08num_runs\x18\x02 \x01(\x03\x12%\n\x05lines\x18\x03 \x03(\x0b\x32\x16.tollgate.v1.UsageLine\x12\x15\n\ramount_micros\x18\x04 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x05 \x01(\t\x12\'\n\x06limits\x18\x06 \x03(\x0b\x32\x17.tollgate.v1.LimitUsage\"\xa2\x01\n\nLimitUsage\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x03\x12\x0c\n\x04used\x18\x04 \x01(\x03\x12\x11\n\tremaining\x18\x05 \x01(\x03\x12.\n\nreset_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rbudget_period\x18\x07 \x01(\t\"\x1a\n\x18GetReconciliationRequest\"\x85\x01\n\x0eReconciliation\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x18\n\x10unbilled_run_ids\x18\x02 \x03(\t\x12\x1a\n\x12unreleased_run_ids\x18\x03 \x03(\t\x12\x1a\n\x12mismatched_run_ids\x18\x04 \x03(\t\x12\x15\n\rstuck_run_ids\x18\x05 \x03(\t2\x95\x02\n\rLedgerService\x12\x62\n\x11ListLedgerEntries\x12%.tollgate.v1.ListLedgerEntriesRequest\x1a&.tollgate.v1.ListLedgerEntriesResponse\x12G\n\x08GetUsage\x12\x1c.tollgate.v1.GetUsageRequest\x1a\x1d.tollgate.v1.GetUsageResponse\x12W\n\x11GetReconciliation\x12%.tollgate.v1.GetReconciliationRequest\x1a\x1b.tollgate.v1.Reconciliationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,11 +42,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_USAGELINE']._serialized_start=432
   _globals['_USAGELINE']._serialized_end=506
   _globals['_GETUSAGERESPONSE']._serialized_start=509
-  _globals['_GETUSAGERESPONSE']._serialized_end=644
-  _globals['_GETRECONCILIATIONREQUEST']._serialized_start=646
-  _globals['_GETRECONCILIATIONREQUEST']._serialized_end=672
-  _globals['_RECONCILIATION']._serialized_start=675
-  _globals['_RECONCILIATION']._serialized_end=808
-  _globals['_LEDGERSERVICE']._serialized_start=811
-  _globals['_LEDGERSERVICE']._serialized_end=1088
+  _globals['_GETUSAGERESPONSE']._serialized_end=685
+  _globals['_LIMITUSAGE']._serialized_start=688
+  _globals['_LIMITUSAGE']._serialized_end=850
+  _globals['_GETRECONCILIATIONREQUEST']._serialized_start=852
+  _globals['_GETRECONCILIATIONREQUEST']._serialized_end=878
+  _globals['_RECONCILIATION']._serialized_start=881
+  _globals['_RECONCILIATION']._serialized_end=1014
+  _globals['_LEDGERSERVICE']._serialized_start=1017
+  _globals['_LEDGERSERVICE']._serialized_end=1294
 # @@protoc_insertion_point(module_scope)

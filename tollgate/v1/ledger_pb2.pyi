@@ -51,18 +51,38 @@ class UsageLine(_message.Message):
     def __init__(self, billing_type: _Optional[str] = ..., quantity: _Optional[int] = ..., amount_micros: _Optional[int] = ...) -> None: ...
 
 class GetUsageResponse(_message.Message):
-    __slots__ = ("tenant_id", "num_runs", "lines", "amount_micros", "currency")
+    __slots__ = ("tenant_id", "num_runs", "lines", "amount_micros", "currency", "limits")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNS_FIELD_NUMBER: _ClassVar[int]
     LINES_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_MICROS_FIELD_NUMBER: _ClassVar[int]
     CURRENCY_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     num_runs: int
     lines: _containers.RepeatedCompositeFieldContainer[UsageLine]
     amount_micros: int
     currency: str
-    def __init__(self, tenant_id: _Optional[str] = ..., num_runs: _Optional[int] = ..., lines: _Optional[_Iterable[_Union[UsageLine, _Mapping]]] = ..., amount_micros: _Optional[int] = ..., currency: _Optional[str] = ...) -> None: ...
+    limits: _containers.RepeatedCompositeFieldContainer[LimitUsage]
+    def __init__(self, tenant_id: _Optional[str] = ..., num_runs: _Optional[int] = ..., lines: _Optional[_Iterable[_Union[UsageLine, _Mapping]]] = ..., amount_micros: _Optional[int] = ..., currency: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[LimitUsage, _Mapping]]] = ...) -> None: ...
+
+class LimitUsage(_message.Message):
+    __slots__ = ("subject", "name", "limit", "used", "remaining", "reset_time", "budget_period")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    RESET_TIME_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    name: str
+    limit: int
+    used: int
+    remaining: int
+    reset_time: _timestamp_pb2.Timestamp
+    budget_period: str
+    def __init__(self, subject: _Optional[str] = ..., name: _Optional[str] = ..., limit: _Optional[int] = ..., used: _Optional[int] = ..., remaining: _Optional[int] = ..., reset_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., budget_period: _Optional[str] = ...) -> None: ...
 
 class GetReconciliationRequest(_message.Message):
     __slots__ = ()
