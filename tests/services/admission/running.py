@@ -25,6 +25,7 @@ from services.core.db import Database, open_db
 from services.core.eventstore import EventStore
 from services.core.relay import OutboxRelay
 from services.core.server import create_server
+from services.ledger.pricing import PriceTable
 from tollgate.v1 import admin_pb2_grpc, gateway_pb2_grpc
 
 ADMIN_TOKEN = "test-admin-token"
@@ -60,6 +61,7 @@ async def running_admission(
     kafka_topic: str,
     model_dir: Path,
     lease: float = LEASE_SECONDS,
+    prices: PriceTable | None = None,
 ) -> AsyncIterator[Admission]:
     """GatewayService and AdminService on a free loopback port, with the feed and a relay
     (publishing admin events to `<kafka_topic>.admin`)."""
@@ -72,7 +74,11 @@ async def running_admission(
         ModelCatalog.load({MODEL: str(model_dir)}),
         feed,
         Canceller(store, None),
-        GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), block_size=16),
+        GatewayConfig(
+            limits=Limits(max_tokens=512, max_message_chars=2000),
+            block_size=16,
+            prices=prices or PriceTable(),
+        ),
         attachments=Attachments(db, lease=lease, renew_interval=lease / 3),
     )
 

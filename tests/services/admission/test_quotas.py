@@ -1,0 +1,223 @@
+"""Rate, token, budget and per-key limits against the real database, across replicas."""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from services.ledger.billing import bill_run
+from services.ledger.pricing import PriceTable
+from tests.services.admission.calls import request, violations
+from tests.services.admission.running import ADMIN_TOKEN, Admission, auth, running_admission
+from tests.services.admission.worker_double import complete_run
+from tollgate.v1 import admin_pb2
+
+ADMIN = auth(ADMIN_TOKEN)
+
+
+@pytest.fixture
+async def replicas(
+    database_url: str, kafka_bootstrap: str, kafka_topic: str, tiny_model_dir: Path
+) -> AsyncIterator[tuple[Admission, Admission]]:
+    """Two admission servers, each with its own connection pool, on one database."""
+    async with contextlib.AsyncExitStack() as stack:
+        first, second = [
+            await stack.enter_async_context(
+                running_admission(database_url, kafka_bootstrap, kafka_topic, tiny_model_dir)
+            )
+            for _ in range(2)
+        ]
+        yield first, second
+
+
+async def set_quota(admission: Admission, **fields: object) -> admin_pb2.Quota:
+    quota = admin_pb2.Quota(**fields)  # type: ignore[arg-type]
+    return await admission.admin.SetQuota(admin_pb2.SetQuotaRequest(quota=quota), metadata=ADMIN)
+
+
+def details(error: grpc.aio.AioRpcError) -> dict[str, object]:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    found: dict[str, object] = {}
+    for kind in (
+        error_details_pb2.QuotaFailure,
+        error_details_pb2.RetryInfo,
+        error_details_pb2.ErrorInfo,
+    ):
+        for packed in status.details:
+            if packed.Is(kind.DESCRIPTOR):
+                message = kind()
+                packed.Unpack(message)
+                found[kind.__name__] = message
+    return found
+
+
+async def generate(admission: Admission, key: str, **overrides: object) -> object:
+    """The run's id and initial metadata, or the refusal."""
+    call = admission.gateway.Generate(request(**overrides), metadata=auth(key))
+    try:
+        event = await call.read()
+        metadata = dict(await call.initial_metadata())
+    except grpc.aio.AioRpcError as refused:
+        return refused
+    finally:
+        call.cancel()
+    return event.run_id, metadata
+
+
+async def worst_case(admission: Admission) -> int:
+    """What one `request()` reserves against a budget."""
+    _, key = await admission.new_tenant_key("probe")
+    run_id, _ = await generate(admission, key)  # type: ignore[misc]
+    async with admission.db.connect() as conn:
+        query = sa.text("SELECT spend_micros FROM kv_reservations WHERE run_id = :r")
+        return int(await conn.scalar(query, {"r": run_id}) or 0)
+
+
+@pytest.mark.parametrize("limit", ["requests_per_minute", "max_concurrent_runs", "budget_micros"])
+async def test_fifty_at_once_on_two_replicas_admit_exactly_ten(
+    replicas: tuple[Admission, Admission], limit: str
+) -> None:
+    first, second = replicas
+    tenant_id, key = await first.new_tenant_key("busy")
+    value = 10 * await worst_case(first) if limit == "budget_micros" else 10
+    await set_quota(first, tenant_id=tenant_id, **{limit: value})
+    outcomes = await asyncio.gather(*(generate(first if i % 2 else second, key) for i in range(50)))
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert len(outcomes) - len(refused) == 10
+    reasons = {details(r)["ErrorInfo"].reason for r in refused}  # type: ignore[attr-defined]
+    assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert (
+        reasons
+        == {
+            "requests_per_minute": {"RATE_LIMITED"},
+            "max_concurrent_runs": {"CONCURRENCY_LIMITED"},
+            "budget_micros": {"BUDGET_EXCEEDED"},
+        }[limit]
+    )
+    failure = details(refused[0])["QuotaFailure"].violations[0]  # type: ignore[attr-defined]
+    assert failure.subject == f"tenant:{tenant_id}" and limit in failure.description
+
+
+async def test_a_full_window_frees_when_its_oldest_run_is_a_minute_old(
+    admission: Admission,
+) -> None:
+    tenant_id, key = await admission.new_tenant_key("windowed")
+    await set_quota(admission, tenant_id=tenant_id, requests_per_minute=2)
+    for _ in range(2):
+        assert isinstance(await generate(admission, key), tuple)
+    async with admission.db.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "UPDATE kv_reservations SET reserved_at = clock_timestamp() - interval '59.5 s'"
+                " WHERE tenant_id = :t"
+            ),
+            {"t": tenant_id},
+        )
+    refused = await generate(admission, key)
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    retry = details(refused)["RetryInfo"].retry_delay.ToNanoseconds() / 1e9  # type: ignore[attr-defined]
+    assert 0 < retry <= 0.5
+    await asyncio.sleep(retry)
+    admitted = await generate(admission, key)
+    assert isinstance(admitted, tuple)
+    assert admitted[1]["x-ratelimit-limit-requests"] == "2"
+    # Both runs of 59.5 s ago have left the window: this one is the only one in it.
+    assert admitted[1]["x-ratelimit-remaining-requests"] == "1"
+
+
+async def test_output_tokens_are_reserved_then_settled_to_what_the_run_produced(
+    admission: Admission,
+) -> None:
+    tenant_id, key = await admission.new_tenant_key("settled")
+    await set_quota(admission, tenant_id=tenant_id, output_tokens_per_minute=100)
+    run_id, metadata = await generate(admission, key, sampling_max_tokens=60)  # type: ignore[misc]
+    assert metadata["x-ratelimit-remaining-tokens"] == "40"
+    refused = await generate(admission, key, sampling_max_tokens=60)
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await complete_run(admission.store, run_id, [5, 6], ["a", "b"])
+    async with admission.db.begin() as conn:
+        assert await bill_run(conn, run_id, PriceTable()) is not None
+    # Billed at 2 output tokens: 98 of the minute's 100 are free again.
+    _, metadata = await generate(admission, key, sampling_max_tokens=60)  # type: ignore[misc]
+    assert metadata["x-ratelimit-remaining-tokens"] == "38"
+
+
+async def test_a_budget_is_settled_to_the_billed_amount(admission: Admission) -> None:
+    tenant_id, key = await admission.new_tenant_key("spender")
+    await set_quota(admission, tenant_id=tenant_id, budget_micros=10**6, budget_period="day")
+    run_id, _ = await generate(admission, key)  # type: ignore[misc]
+    await complete_run(admission.store, run_id, [5], ["a"])
+    async with admission.db.begin() as conn:
+        bill = await bill_run(conn, run_id, PriceTable())
+        assert bill is not None
+        spent = await conn.scalar(
+            sa.text("SELECT spent_micros FROM budget_spend WHERE subject = :s"),
+            {"s": f"tenant:{tenant_id}"},
+        )
+    assert spent == bill.amount_micros
+
+
+async def test_a_keys_own_limit_applies_when_tighter(admission: Admission) -> None:
+    tenant_id, key = await admission.new_tenant_key("keyed")
+    key_id = key.split("_")[1]
+    await set_quota(admission, tenant_id=tenant_id, requests_per_minute=5)
+    quota = await set_quota(admission, tenant_id=tenant_id, key_id=key_id, requests_per_minute=1)
+    assert quota.key_id == key_id and quota.requests_per_minute == 1
+    assert isinstance(await generate(admission, key), tuple)
+    refused = await generate(admission, key)
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    failure = details(refused)["QuotaFailure"].violations[0]  # type: ignore[attr-defined]
+    assert failure.subject == f"key:{key_id}"
+    other = await admission.tenants.create_key(tenant_id)
+    assert isinstance(await generate(admission, other.secret), tuple)
+    tenant = await admission.admin.GetTenant(
+        admin_pb2.GetTenantRequest(tenant_id=tenant_id), metadata=ADMIN
+    )
+    assert [q.key_id for q in tenant.key_quotas] == [key_id]
+
+
+async def test_a_budget_refuses_a_model_without_a_price(
+    database_url: str, kafka_bootstrap: str, kafka_topic: str, tiny_model_dir: Path
+) -> None:
+    priced_elsewhere = PriceTable({"another-model": {"output_tokens": 3}})
+    async with running_admission(
+        database_url, kafka_bootstrap, kafka_topic, tiny_model_dir, prices=priced_elsewhere
+    ) as admission:
+        tenant_id, key = await admission.new_tenant_key("budgeted")
+        assert isinstance(await generate(admission, key), tuple)  # no budget: admitted
+        await set_quota(admission, tenant_id=tenant_id, budget_micros=10**6)
+        refused = await generate(admission, key)
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert details(refused)["ErrorInfo"].reason == "MODEL_NOT_PRICED"  # type: ignore[attr-defined]
+
+
+async def test_bad_quotas_name_their_field(admission: Admission) -> None:
+    tenant_id, _ = await admission.new_tenant_key("strict")
+    for fields, field in (
+        ({"requests_per_minute": -1}, "quota.requests_per_minute"),
+        ({"budget_micros": -5}, "quota.budget_micros"),
+        ({"budget_period": "week"}, "quota.budget_period"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await set_quota(admission, tenant_id=tenant_id, **fields)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert violations(refused.value) == [field]
+
+
+async def test_a_run_larger_than_a_minute_of_tokens_is_refused_as_invalid(
+    admission: Admission,
+) -> None:
+    tenant_id, key = await admission.new_tenant_key("small")
+    await set_quota(admission, tenant_id=tenant_id, output_tokens_per_minute=10)
+    refused = await generate(admission, key, sampling_max_tokens=11)
+    assert isinstance(refused, grpc.aio.AioRpcError)
+    assert violations(refused) == ["sampling.max_tokens"]
