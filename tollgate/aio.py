@@ -370,14 +370,27 @@ class AsyncAdminClient(_AsyncBase):
         max_kv_blocks: int = 0,
         max_concurrent_runs: int = 0,
         max_concurrent_streams: int | None = None,
+        requests_per_minute: int = 0,
+        input_tokens_per_minute: int = 0,
+        output_tokens_per_minute: int = 0,
+        budget_micros: int = 0,
+        budget_period: str = "month",
+        key_id: str = "",
     ) -> Quota:
-        """Replaces the tenant's limits; 0 means unlimited, `max_concurrent_streams` None
+        """Replaces the tenant's limits (or, with `key_id`, that key's own, applied with
+        the tenant's: the tighter wins); 0 means unlimited, `max_concurrent_streams` None
         the admission's default."""
         quota = admin_pb2.Quota(
             tenant_id=tenant_id,
             max_kv_blocks=max_kv_blocks,
             max_concurrent_runs=max_concurrent_runs,
             max_concurrent_streams=max_concurrent_streams,
+            requests_per_minute=requests_per_minute,
+            input_tokens_per_minute=input_tokens_per_minute,
+            output_tokens_per_minute=output_tokens_per_minute,
+            budget_micros=budget_micros,
+            budget_period=budget_period,
+            key_id=key_id,
         )
         response = await self._unary(self._admin.SetQuota, admin_pb2.SetQuotaRequest(quota=quota))
         return convert.quota_of(response)

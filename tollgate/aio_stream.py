@@ -14,11 +14,11 @@ from typing import Any
 
 import grpc
 
-from tollgate.convert import event_of
+from tollgate.convert import event_of, rate_limits_of
 from tollgate.errors import StreamGapError, TollgateError, from_rpc_error
 from tollgate.resume import Backoff, NextCall, StreamTracker, is_resumable, stream_ended_early
 from tollgate.transport import AsyncProbe, AsyncSleep
-from tollgate.types import RetryPolicy, RunEvent, Usage
+from tollgate.types import RateLimits, RetryPolicy, RunEvent, Usage
 
 # Opens one attempt of the stream: Generate or StreamRun, per NextCall.
 AsyncOpener = Callable[[NextCall], Any]
@@ -48,9 +48,16 @@ class AsyncStream:
         # Asks the server how the run stands when a stream ends without its last event.
         self._probe = probe
         self._call: Any = None
+        self._rate_limits: RateLimits | None = None
         # A threading.Event: the synchronous Stream may be closed from another thread.
         self._closed = threading.Event()
         self._events = self._run()
+
+    @property
+    def rate_limits(self) -> RateLimits:
+        """The `x-ratelimit-*` metadata the run was admitted with (known from the first
+        event on; empty for a stream of a run admitted earlier)."""
+        return self._rate_limits or RateLimits()
 
     @property
     def run_id(self) -> str | None:
@@ -140,6 +147,8 @@ class AsyncStream:
             self._call = call = self._open(tracker.next_call())
             try:
                 async for message in call:
+                    if self._rate_limits is None:
+                        self._rate_limits = rate_limits_of(await call.initial_metadata())
                     event = event_of(message)
                     if not tracker.accept(event):
                         continue

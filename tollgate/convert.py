@@ -13,7 +13,9 @@ from tollgate.types import (
     ApiKey,
     ChatMessage,
     LedgerEntry,
+    LimitUsage,
     Quota,
+    RateLimits,
     Reconciliation,
     Run,
     RunEvent,
@@ -165,13 +167,23 @@ def quota_of(message: admin_pb2.Quota) -> Quota:
         max_concurrent_streams=message.max_concurrent_streams
         if message.HasField("max_concurrent_streams")
         else None,
+        requests_per_minute=message.requests_per_minute,
+        input_tokens_per_minute=message.input_tokens_per_minute,
+        output_tokens_per_minute=message.output_tokens_per_minute,
+        budget_micros=message.budget_micros,
+        budget_period=message.budget_period or "month",
+        key_id=message.key_id,
     )
 
 
 def tenant_of(message: admin_pb2.Tenant) -> Tenant:
     quota = quota_of(message.quota) if message.HasField("quota") else None
     return Tenant(
-        tenant_id=message.tenant_id, name=message.name, weight=message.weight, quota=quota
+        tenant_id=message.tenant_id,
+        name=message.name,
+        weight=message.weight,
+        quota=quota,
+        key_quotas=tuple(quota_of(q) for q in message.key_quotas),
     )
 
 
@@ -205,6 +217,42 @@ def usage_report_of(message: ledger_pb2.GetUsageResponse) -> UsageReport:
         ),
         amount_micros=message.amount_micros,
         currency=message.currency,
+        limits=tuple(limit_usage_of(x) for x in message.limits),
+    )
+
+
+def limit_usage_of(message: ledger_pb2.LimitUsage) -> LimitUsage:
+    return LimitUsage(
+        subject=message.subject,
+        name=message.name,
+        limit=message.limit,
+        used=message.used,
+        remaining=message.remaining,
+        reset_time=message.reset_time.ToDatetime(tzinfo=UTC)
+        if message.HasField("reset_time")
+        else None,
+        budget_period=message.budget_period,
+    )
+
+
+def rate_limits_of(metadata: Sequence[tuple[str, str | bytes]] | None) -> RateLimits:
+    """The `x-ratelimit-*` entries of a call's initial metadata."""
+    found = {
+        name.lower(): value.decode() if isinstance(value, bytes) else value
+        for name, value in metadata or ()
+    }
+
+    def number(name: str) -> int | None:
+        value = found.get(f"x-ratelimit-{name}", "")
+        return int(value) if value.isdigit() else None
+
+    return RateLimits(
+        limit_requests=number("limit-requests"),
+        remaining_requests=number("remaining-requests"),
+        reset_requests=found.get("x-ratelimit-reset-requests", ""),
+        limit_tokens=number("limit-tokens"),
+        remaining_tokens=number("remaining-tokens"),
+        reset_tokens=found.get("x-ratelimit-reset-tokens", ""),
     )
 
 

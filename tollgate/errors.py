@@ -93,7 +93,16 @@ class _RetryAfter(TollgateError):
 
 
 class QuotaExceededError(_RetryAfter):
-    """RESOURCE_EXHAUSTED: a tenant limit; `violations` lists (subject, description)."""
+    """RESOURCE_EXHAUSTED: a tenant limit; `violations` lists (subject, description),
+    `reason` says which kind (`RATE_LIMITED`, `BUDGET_EXCEEDED`, `CONCURRENCY_LIMITED`,
+    `KV_LIMITED`, `STREAMS_LIMITED`) and `retry_after` when enough is free again."""
+
+    @property
+    def reason(self) -> str:
+        for d in self.details:
+            if isinstance(d, error_details_pb2.ErrorInfo):
+                return d.reason
+        return ""
 
     @property
     def violations(self) -> list[tuple[str, str]]:

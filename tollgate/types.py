@@ -137,6 +137,21 @@ class UsageReport:
     lines: tuple[UsageLine, ...]
     amount_micros: int
     currency: str
+    limits: tuple[LimitUsage, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUsage:
+    """One limit and where it stands: the budget's spend counts runs in flight at their
+    worst case; `reset_time` is when `remaining` next grows (None for runs in flight)."""
+
+    subject: str  # "tenant:<id>" | "key:<id>"
+    name: str  # the Quota field
+    limit: int
+    used: int
+    remaining: int
+    reset_time: datetime | None = None
+    budget_period: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +167,21 @@ class Reconciliation:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimits:
+    """The `x-ratelimit-*` metadata an admitted run came with: the tighter of the tenant's
+    and the key's minute limits, what remains of them with this run counted, and when what
+    remains next grows (`reset_*`, a Go duration such as `"6m0s"`). None where no limit
+    applies."""
+
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests: str = ""
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Quota:
     """A tenant's limits; 0 means unlimited, `max_concurrent_streams` None the admission's
     default (streams open at once per admission replica)."""
@@ -160,6 +190,12 @@ class Quota:
     max_kv_blocks: int = 0
     max_concurrent_runs: int = 0
     max_concurrent_streams: int | None = None
+    requests_per_minute: int = 0
+    input_tokens_per_minute: int = 0
+    output_tokens_per_minute: int = 0
+    budget_micros: int = 0
+    budget_period: str = "month"  # "day" | "month", UTC calendar
+    key_id: str = ""  # set: one API key's own limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +204,7 @@ class Tenant:
     name: str
     weight: int
     quota: Quota | None = None
+    key_quotas: tuple[Quota, ...] = ()  # its keys' own limits
 
 
 @dataclass(frozen=True, slots=True)

@@ -368,6 +368,22 @@ def test_key_times_read_from_the_command_line() -> None:
         moment("next week", now)
 
 
+async def test_quotas_set_takes_every_limit_and_keeps_the_ones_not_given(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = stack_args(stack)
+    await tollgate(capsys, "admin", "tenants", "create", "acme", *args)
+    await tollgate(capsys, "admin", "quotas", "set", "t-1", "--requests-per-minute", "10", *args)
+    code, out, _ = await tollgate(
+        capsys, "admin", "quotas", "set", "t-1", "--budget-micros", "5000",
+        "--budget-period", "day", "--output-tokens-per-minute", "900", *args,
+    )  # fmt: skip
+    sent = fake.admin.calls[-1][1].quota
+    assert (sent.requests_per_minute, sent.budget_micros, sent.budget_period) == (10, 5000, "day")
+    assert sent.output_tokens_per_minute == 900 and sent.key_id == ""
+    assert code == 0 and "requests_per_minute=10" in out and "budget_period=day" in out
+
+
 async def test_secrets_never_reach_the_output(
     fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

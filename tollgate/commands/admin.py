@@ -39,15 +39,28 @@ def _register_tenants(areas: Any, flags: argparse.ArgumentParser) -> None:
     listing.set_defaults(func=list_tenants_command)
 
 
+# The limits `quota set` takes, each as --name-with-dashes.
+QUOTA_FLAGS = (
+    "max_kv_blocks",
+    "max_concurrent_runs",
+    "requests_per_minute",
+    "input_tokens_per_minute",
+    "output_tokens_per_minute",
+    "budget_micros",
+)
+
+
 def _register_quota(areas: Any, flags: argparse.ArgumentParser) -> None:
-    quota = areas.add_parser("quota", help="tenant limits")
+    quota = areas.add_parser("quota", aliases=["quotas"], help="tenant and key limits")
     commands = quota.add_subparsers(dest="quota_command", metavar="COMMAND", required=True)
     set_ = commands.add_parser(
         "set", parents=[flags], help="set limits (0 = unlimited; an omitted one is kept)"
     )
     set_.add_argument("tenant_id")
-    set_.add_argument("--max-kv-blocks", type=int)
-    set_.add_argument("--max-concurrent-runs", type=int)
+    set_.add_argument("--key-id", default="", help="set this API key's own limits")
+    for name in QUOTA_FLAGS:
+        set_.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    set_.add_argument("--budget-period", choices=("day", "month"), help="UTC calendar")
     set_.add_argument("--json", action="store_true")
     set_.set_defaults(func=set_quota_command)
 
@@ -99,20 +112,42 @@ def list_tenants_command(args: argparse.Namespace) -> int:
 @reports_errors
 def set_quota_command(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
-        max_kv_blocks, max_runs = args.max_kv_blocks, args.max_concurrent_runs
-        if max_kv_blocks is None or max_runs is None:
-            # SetQuota replaces both limits: keep the one not given.
-            current = admin.get_tenant(args.tenant_id).quota or Quota(args.tenant_id)
-            max_kv_blocks = current.max_kv_blocks if max_kv_blocks is None else max_kv_blocks
-            max_runs = current.max_concurrent_runs if max_runs is None else max_runs
+        # SetQuota replaces every limit: keep the ones not given.
+        current = _current_quota(admin, args.tenant_id, args.key_id)
+        given = {name: getattr(args, name) for name in (*QUOTA_FLAGS, "budget_period")}
+        limits = {
+            name: getattr(current, name) if value is None else value
+            for name, value in given.items()
+        }
         quota = admin.set_quota(
-            args.tenant_id, max_kv_blocks=max_kv_blocks, max_concurrent_runs=max_runs
+            args.tenant_id,
+            max_concurrent_streams=None if args.key_id else current.max_concurrent_streams,
+            key_id=args.key_id,
+            **limits,
         )
     if args.json:
         print(json_line(plain(quota)))
     else:
-        print(
-            f"tenant {quota.tenant_id}: max_kv_blocks={quota.max_kv_blocks or 'unlimited'}"
-            f" max_concurrent_runs={quota.max_concurrent_runs or 'unlimited'}"
-        )
+        print(_quota_text(quota))
     return 0
+
+
+def _quota_text(quota: Quota) -> str:
+    """The two in-flight limits always (as before there were more), the others when set."""
+    owner = f"key {quota.key_id}" if quota.key_id else f"tenant {quota.tenant_id}"
+    shown = [
+        f"{name}={getattr(quota, name) or 'unlimited'}"
+        for name in QUOTA_FLAGS
+        if name in ("max_kv_blocks", "max_concurrent_runs") or getattr(quota, name)
+    ]
+    if quota.budget_micros:
+        shown.append(f"budget_period={quota.budget_period}")
+    return f"{owner}: {' '.join(shown)}"
+
+
+def _current_quota(admin: AdminClient, tenant_id: str, key_id: str) -> Quota:
+    tenant = admin.get_tenant(tenant_id)
+    if not key_id:
+        return tenant.quota or Quota(tenant_id)
+    own = [q for q in tenant.key_quotas if q.key_id == key_id]
+    return own[0] if own else Quota(tenant_id, key_id=key_id)
