@@ -197,7 +197,12 @@ def oversized(limits: QuotaLimits, demand: Demand) -> FieldViolation | None:
 
 def remaining(usage: SubjectUsage, limit_name: str, cost: int = 0) -> int:
     """What is left of a limit once `cost` more is counted (never below 0)."""
-    used = {
+    return max(0, getattr(usage.limits, limit_name) - used(usage, limit_name) - cost)
+
+
+def used(usage: SubjectUsage, limit_name: str) -> int:
+    """What the subject holds of a limit now."""
+    return {
         "requests_per_minute": usage.requests,
         "input_tokens_per_minute": usage.input_tokens,
         "output_tokens_per_minute": usage.output_tokens,
@@ -205,7 +210,6 @@ def remaining(usage: SubjectUsage, limit_name: str, cost: int = 0) -> int:
         "max_concurrent_runs": usage.open_runs,
         "max_kv_blocks": usage.open_blocks,
     }[limit_name]
-    return max(0, getattr(usage.limits, limit_name) - used - cost)
 
 
 def window_reset(usage: SubjectUsage) -> float:

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from services.core import paging
 from services.core.auth import Principal
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
+from services.core.quota_store import load_limits, subjects, usage_now
+from services.core.quotas import SubjectUsage, remaining, used, window_reset
 from services.core.validation import is_identifier, shown
 from services.ledger import repository
 from services.ledger.pricing import BILLING_TYPES, LedgerEntry
@@ -24,6 +26,16 @@ def visible_tenant(principal: Principal, requested: str) -> str | None:
     if requested and requested != principal.tenant_id:
         raise PermissionDenied("an API key reads only its own tenant's ledger")
     return principal.tenant_id
+
+
+LIMIT_NAMES = (
+    "budget_micros",
+    "requests_per_minute",
+    "input_tokens_per_minute",
+    "output_tokens_per_minute",
+    "max_concurrent_runs",
+    "max_kv_blocks",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +111,45 @@ async def usage(
     lines = [UsageLine(t, totals.quantities.get(t, 0), totals.amounts.get(t, 0)) for t in types]
     amount = sum(line.amount_micros for line in lines)
     return Usage(tenant_id, totals.num_runs, lines, amount, currency)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStanding:
+    """One limit set for a tenant or key, and where it stands now."""
+
+    subject: str
+    name: str
+    limit: int
+    used: int
+    remaining: int
+    reset_time: datetime | None
+    budget_period: str = ""
+
+
+async def limits(db: Database, tenant_id: str, key_id: str = "") -> list[LimitStanding]:
+    """Every limit set for the tenant (and for its key `key_id`), read as admission reads
+    them but without the tenant's lock."""
+    async with db.connect() as conn:
+        found = await load_limits(conn, tenant_id, key_id)
+        if found is None:
+            return []
+        snapshot = await usage_now(conn, subjects(tenant_id, key_id, found))
+    return [standing for usage in snapshot.usages for standing in _standings(usage)]
+
+
+def _standings(usage: SubjectUsage) -> list[LimitStanding]:
+    found = []
+    window_end = datetime.fromtimestamp(usage.now + window_reset(usage), UTC)
+    for name in LIMIT_NAMES:
+        limit = getattr(usage.limits, name)
+        if not limit:
+            continue
+        left = remaining(usage, name)
+        reset: datetime | None = window_end if name.endswith("_per_minute") else None
+        period = ""
+        if name == "budget_micros":
+            reset = datetime.fromtimestamp(usage.period_end or usage.now, UTC)
+            period = usage.limits.budget_period
+        held = used(usage, name)
+        found.append(LimitStanding(usage.subject, name, limit, held, left, reset, period))
+    return found

@@ -62,7 +62,8 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
     async def GetUsage(
         self, request: ledger_pb2.GetUsageRequest, context: grpc.aio.ServicerContext
     ) -> ledger_pb2.GetUsageResponse:
-        tenant_id = reports.visible_tenant(await self._principal(context), request.tenant_id)
+        principal = await self._principal(context)
+        tenant_id = reports.visible_tenant(principal, request.tenant_id)
         usage = await reports.usage(
             self.db,
             tenant_id,
@@ -83,6 +84,12 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
             ],
             amount_micros=usage.amount_micros,
             currency=usage.currency,
+            limits=[
+                limit_to_proto(standing)
+                for standing in (
+                    await reports.limits(self.db, tenant_id, principal.key_id) if tenant_id else []
+                )
+            ],
         )
 
     @rpc_errors
@@ -126,6 +133,20 @@ def reconciliation_to_proto(report: reconcile.InvariantReport) -> ledger_pb2.Rec
         mismatched_run_ids=sorted(mismatched),
         stuck_run_ids=report.stuck_run_ids,
     )
+
+
+def limit_to_proto(standing: reports.LimitStanding) -> ledger_pb2.LimitUsage:
+    message = ledger_pb2.LimitUsage(
+        subject=standing.subject,
+        name=standing.name,
+        limit=standing.limit,
+        used=standing.used,
+        remaining=standing.remaining,
+        budget_period=standing.budget_period,
+    )
+    if standing.reset_time is not None:
+        message.reset_time.FromDatetime(standing.reset_time)
+    return message
 
 
 def entry_to_proto(entry: LedgerEntry) -> events_pb2.LedgerEntry:

@@ -8,7 +8,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from tollgate.types import LedgerEntry, Reconciliation, Run, RunEvent, Tenant, Usage, UsageReport
+from tollgate.types import (
+    LedgerEntry,
+    LimitUsage,
+    Reconciliation,
+    Run,
+    RunEvent,
+    Tenant,
+    Usage,
+    UsageReport,
+)
 
 TEXT_PREVIEW = 40
 
@@ -136,7 +145,30 @@ def usage_report(report: UsageReport) -> str:
         f"  total {money(report.amount_micros, report.currency)}"
     )
     rows = [(x.billing_type, x.quantity, money(x.amount_micros)) for x in report.lines]
-    return head + "\n" + table(("BILLING_TYPE", "QUANTITY", "AMOUNT"), rows)
+    text = head + "\n" + table(("BILLING_TYPE", "QUANTITY", "AMOUNT"), rows)
+    if report.limits:
+        text += "\n\n" + limits_table(report.limits, report.currency)
+    return text
+
+
+def limits_table(limits: Sequence[LimitUsage], currency: str) -> str:
+    """Spend against budget and what is left of each limit."""
+
+    def amount(limit: LimitUsage, value: int) -> object:
+        return money(value, currency) if limit.name == "budget_micros" else value
+
+    rows = [
+        (
+            x.subject,
+            f"{x.name} ({x.budget_period})" if x.budget_period else x.name,
+            amount(x, x.used),
+            amount(x, x.limit),
+            amount(x, x.remaining),
+            when(x.reset_time) if x.reset_time else "-",
+        )
+        for x in limits
+    ]
+    return table(("SUBJECT", "LIMIT", "USED", "OF", "REMAINING", "RESETS"), rows)
 
 
 def entries_table(entries: Sequence[LedgerEntry]) -> str:

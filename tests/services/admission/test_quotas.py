@@ -14,8 +14,16 @@ from grpc_status import rpc_status
 from services.ledger.billing import bill_run
 from services.ledger.pricing import PriceTable
 from tests.services.admission.calls import request, violations
-from tests.services.admission.running import ADMIN_TOKEN, Admission, auth, running_admission
+from tests.services.admission.running import (
+    ADMIN_TOKEN,
+    MODEL,
+    Admission,
+    auth,
+    running_admission,
+)
 from tests.services.admission.worker_double import complete_run
+from tollgate.aio import AsyncClient
+from tollgate.errors import QuotaExceededError
 from tollgate.v1 import admin_pb2
 
 ADMIN = auth(ADMIN_TOKEN)
@@ -221,3 +229,19 @@ async def test_a_run_larger_than_a_minute_of_tokens_is_refused_as_invalid(
     refused = await generate(admission, key, sampling_max_tokens=11)
     assert isinstance(refused, grpc.aio.AioRpcError)
     assert violations(refused) == ["sampling.max_tokens"]
+
+
+async def test_the_sdk_reads_rate_limits_and_refusals(admission: Admission) -> None:
+    tenant_id, key = await admission.new_tenant_key("sdk")
+    await set_quota(admission, tenant_id=tenant_id, requests_per_minute=1)
+    async with AsyncClient(admission.address, key) as client:
+        async with client.generate("hello", model=MODEL, max_tokens=4) as stream:
+            await anext(aiter(stream))
+            limits = stream.rate_limits
+        assert (limits.limit_requests, limits.remaining_requests) == (1, 0)
+        assert limits.reset_requests.endswith("s")
+        with pytest.raises(QuotaExceededError) as refused:
+            async with client.generate("hello", model=MODEL, max_tokens=4) as again:
+                await anext(aiter(again))
+    assert refused.value.reason == "RATE_LIMITED"
+    assert refused.value.retry_after is not None and 59 < refused.value.retry_after <= 60

@@ -331,3 +331,31 @@ async def test_a_peer_that_keeps_failing_is_held_back(ledger: Ledger) -> None:
     assert details["ErrorInfo"].reason == "RATE_LIMITED"
     await asyncio.sleep(details["RetryInfo"].retry_delay.ToTimedelta().total_seconds())
     await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(ADMIN))
+
+
+async def test_usage_shows_spend_against_budget_and_the_limits_left(ledger: Ledger) -> None:
+    tenant_id, key = await create_tenant(ledger.db)
+    await ledger.billed_run(tenant_id, run_usage=usage(prompt=10, cached=0, output=5))
+    async with ledger.db.begin() as conn:
+        await conn.execute(
+            sa.text(
+                "UPDATE tenants SET budget_micros = 1000, budget_period = 'day',"
+                " requests_per_minute = 5 WHERE tenant_id = :t"
+            ),
+            {"t": tenant_id},
+        )
+        await conn.execute(
+            sa.text(
+                "INSERT INTO budget_spend VALUES"
+                " (:s, date_trunc('day', clock_timestamp(), 'UTC'), 300)"
+            ),
+            {"s": f"tenant:{tenant_id}"},
+        )
+    answer = await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(key))
+    limits = {x.name: x for x in answer.limits}
+    assert set(limits) == {"budget_micros", "requests_per_minute"}
+    budget = limits["budget_micros"]
+    assert (budget.subject, budget.used, budget.remaining) == (f"tenant:{tenant_id}", 300, 700)
+    assert budget.budget_period == "day" and budget.reset_time.ToDatetime().hour == 0
+    requests = limits["requests_per_minute"]
+    assert (requests.limit, requests.used, requests.remaining) == (5, 1, 4)
