@@ -53,8 +53,12 @@ def limits_from_proto(quota: admin_pb2.Quota) -> QuotaLimits:
 
 
 def rate_fields(limits: QuotaLimits) -> dict[str, Any]:
-    """The Quota fields of the rate and budget limits."""
-    return {name: getattr(limits, name) for name in RATE_FIELDS}
+    """The Quota fields of the rate and budget limits; a period only with a budget (a
+    quota of none reads back as the empty message it was set with)."""
+    fields = {name: getattr(limits, name) for name in RATE_FIELDS}
+    if not limits.budget_micros:
+        fields["budget_period"] = ""
+    return fields
 
 
 def key_quota_to_proto(key_quota: KeyQuota) -> admin_pb2.Quota:

@@ -1,5 +1,7 @@
 """Calls on a running admission, and what tests read from their answers."""
 
+from typing import Any
+
 import grpc
 import sqlalchemy as sa
 from google.protobuf import duration_pb2
@@ -51,3 +53,20 @@ async def first_event(
     event = await call.read()
     call.cancel()
     return event
+
+
+def details(error: grpc.aio.AioRpcError) -> dict[str, Any]:
+    """The QuotaFailure, RetryInfo and ErrorInfo of a refusal, by message name."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    found: dict[str, Any] = {}
+    for kind in (
+        error_details_pb2.QuotaFailure,
+        error_details_pb2.RetryInfo,
+        error_details_pb2.ErrorInfo,
+    ):
+        for packed in status.details:
+            if packed.Is(kind.DESCRIPTOR):
+                found[kind.DESCRIPTOR.name] = message = kind()
+                packed.Unpack(message)
+    return found

@@ -8,8 +8,6 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from services.admission.backpressure import FleetLoad
 from services.admission.cancel import Canceller
@@ -23,28 +21,12 @@ from services.core.auth import authenticate
 from services.core.db import open_db
 from services.core.errors import DATABASE_AWAY, QuotaExceeded, Unauthenticated, Unavailable
 from services.core.ratelimit import FAILURE_BURST
-from tests.services.admission.calls import count_runs, request
+from tests.services.admission.calls import count_runs, details, request
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
 from tollgate.v1 import admin_pb2, gateway_pb2
 
 GRACE = duration_pb2.Duration(seconds=60)
 LIMITS = Limits(max_tokens=512, max_message_chars=2000)
-
-
-def details(error: grpc.aio.AioRpcError) -> dict[str, Any]:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    found: dict[str, Any] = {}
-    for kind in (
-        error_details_pb2.QuotaFailure,
-        error_details_pb2.RetryInfo,
-        error_details_pb2.ErrorInfo,
-    ):
-        for packed in status.details:
-            if packed.Is(kind.DESCRIPTOR):
-                found[kind.DESCRIPTOR.name] = message = kind()
-                packed.Unpack(message)
-    return found
 
 
 async def set_stream_quota(admission: Admission, tenant_id: str, streams: int) -> admin_pb2.Quota:

@@ -8,12 +8,10 @@ from pathlib import Path
 import grpc
 import pytest
 import sqlalchemy as sa
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from services.ledger.billing import bill_run
 from services.ledger.pricing import PriceTable
-from tests.services.admission.calls import request, violations
+from tests.services.admission.calls import details, request, violations
 from tests.services.admission.running import (
     ADMIN_TOKEN,
     MODEL,
@@ -49,23 +47,6 @@ async def set_quota(admission: Admission, **fields: object) -> admin_pb2.Quota:
     return await admission.admin.SetQuota(admin_pb2.SetQuotaRequest(quota=quota), metadata=ADMIN)
 
 
-def details(error: grpc.aio.AioRpcError) -> dict[str, object]:
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    assert status is not None
-    found: dict[str, object] = {}
-    for kind in (
-        error_details_pb2.QuotaFailure,
-        error_details_pb2.RetryInfo,
-        error_details_pb2.ErrorInfo,
-    ):
-        for packed in status.details:
-            if packed.Is(kind.DESCRIPTOR):
-                message = kind()
-                packed.Unpack(message)
-                found[kind.__name__] = message
-    return found
-
-
 async def generate(admission: Admission, key: str, **overrides: object) -> object:
     """The run's id and initial metadata, or the refusal."""
     call = admission.gateway.Generate(request(**overrides), metadata=auth(key))
@@ -99,7 +80,7 @@ async def test_fifty_at_once_on_two_replicas_admit_exactly_ten(
     outcomes = await asyncio.gather(*(generate(first if i % 2 else second, key) for i in range(50)))
     refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
     assert len(outcomes) - len(refused) == 10
-    reasons = {details(r)["ErrorInfo"].reason for r in refused}  # type: ignore[attr-defined]
+    reasons = {details(r)["ErrorInfo"].reason for r in refused}
     assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
     assert (
         reasons
@@ -109,7 +90,7 @@ async def test_fifty_at_once_on_two_replicas_admit_exactly_ten(
             "budget_micros": {"BUDGET_EXCEEDED"},
         }[limit]
     )
-    failure = details(refused[0])["QuotaFailure"].violations[0]  # type: ignore[attr-defined]
+    failure = details(refused[0])["QuotaFailure"].violations[0]
     assert failure.subject == f"tenant:{tenant_id}" and limit in failure.description
 
 
@@ -130,7 +111,7 @@ async def test_a_full_window_frees_when_its_oldest_run_is_a_minute_old(
         )
     refused = await generate(admission, key)
     assert isinstance(refused, grpc.aio.AioRpcError)
-    retry = details(refused)["RetryInfo"].retry_delay.ToNanoseconds() / 1e9  # type: ignore[attr-defined]
+    retry = details(refused)["RetryInfo"].retry_delay.ToNanoseconds() / 1e9
     assert 0 < retry <= 0.5
     await asyncio.sleep(retry)
     admitted = await generate(admission, key)
@@ -182,7 +163,7 @@ async def test_a_keys_own_limit_applies_when_tighter(admission: Admission) -> No
     assert isinstance(await generate(admission, key), tuple)
     refused = await generate(admission, key)
     assert isinstance(refused, grpc.aio.AioRpcError)
-    failure = details(refused)["QuotaFailure"].violations[0]  # type: ignore[attr-defined]
+    failure = details(refused)["QuotaFailure"].violations[0]
     assert failure.subject == f"key:{key_id}"
     other = await admission.tenants.create_key(tenant_id)
     assert isinstance(await generate(admission, other.secret), tuple)
@@ -205,7 +186,7 @@ async def test_a_budget_refuses_a_model_without_a_price(
         refused = await generate(admission, key)
     assert isinstance(refused, grpc.aio.AioRpcError)
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert details(refused)["ErrorInfo"].reason == "MODEL_NOT_PRICED"  # type: ignore[attr-defined]
+    assert details(refused)["ErrorInfo"].reason == "MODEL_NOT_PRICED"
 
 
 async def test_bad_quotas_name_their_field(admission: Admission) -> None:
