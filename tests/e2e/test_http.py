@@ -158,6 +158,21 @@ def test_quota_refusal_is_a_429_with_retry_after(stack: Stack) -> None:
     assert refused.value.body["code"] == "resource_exhausted"  # type: ignore[index]
 
 
+def test_admitted_answers_carry_the_rate_limit_headers(stack: Stack) -> None:
+    tenant = stack.admin.create_tenant(f"http-rates-{uuid.uuid4().hex[:6]}")
+    stack.admin.set_quota(tenant.tenant_id, requests_per_minute=5, output_tokens_per_minute=100)
+    key = stack.admin.create_api_key(tenant.tenant_id).secret
+    sdk = openai.OpenAI(base_url=f"{stack.http}/v1", api_key=key, max_retries=0)
+    for stream in (False, True):
+        answer = sdk.completions.with_raw_response.create(
+            model="tiny", prompt="a", max_tokens=4, stream=stream
+        )
+        assert answer.headers["x-ratelimit-limit-requests"] == "5"
+        assert answer.headers["x-ratelimit-remaining-requests"] == str(4 - stream)
+        assert answer.headers["x-ratelimit-limit-tokens"] == "100"
+        assert answer.headers["x-ratelimit-reset-tokens"].endswith("s")
+
+
 def test_curl_resumes_from_last_event_id_with_exactly_the_tail(stack: Stack, key: str) -> None:
     """A client killed mid-stream resumes from the last `id:` it read."""
     body = {"model": "tiny", "prompt": "Tell", "max_tokens": 40, "temperature": 0, "stream": True}
