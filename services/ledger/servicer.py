@@ -87,7 +87,9 @@ class LedgerServicer(ledger_pb2_grpc.LedgerServiceServicer):
             limits=[
                 limit_to_proto(standing)
                 for standing in (
-                    await reports.limits(self.db, tenant_id, principal.key_id) if tenant_id else []
+                    await reports.limits(self.db, tenant_id, principal.key_id or "")
+                    if tenant_id
+                    else []
                 )
             ],
         )

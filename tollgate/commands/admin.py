@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tollgate.client import AdminClient
 from tollgate.commands import admin_keys
 from tollgate.commands.connection import admin_client, connection_flags, reports_errors
 from tollgate.commands.output import json_line, key_values, plain, tenants_table

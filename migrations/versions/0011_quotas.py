@@ -7,15 +7,15 @@ the rate and budget limits count: its key, its input and output tokens and its s
 and the budget periods it was charged to. `budget_spend` keeps each subject's spend
 in each period, so a monthly budget costs one row, not a month of reservations.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0011
+Revises: 0010
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
