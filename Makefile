@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint proto sdk dashboard bench clean
+.PHONY: run test test-slow test-all lint proto sdk dashboard bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,18 @@ $(STAMP): $(PY) pyproject.toml
 run: $(STAMP)
 	$(PY) -m services.stack.demo
 
-## make test: the whole suite against a real PostgreSQL and Kafka-protocol broker.
+## make test: the suite against a real PostgreSQL and Kafka-protocol broker, but for the
+## cases marked slow (make test-slow; CI runs both).
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m 'not slow'
 
-## make test-fast: everything but the cases marked slow.
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow'
+## make test-slow: the cases marked slow: real processes killed, restarted, fuzzed, chaos.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+## make test-all: both.
+test-all: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
 
 ## make lint: what CI checks besides the tests (ruff, ruff format, mypy).
 lint: $(STAMP)

@@ -22,7 +22,7 @@ import psycopg
 import structlog
 
 from services.core.db import Database, libpq_url
-from services.core.loop import within
+from services.core.loop import stop_if_cancelled, within
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +67,7 @@ class Leadership:
         """Waits for the lock, leads, and competes again whenever leading ends; until
         cancelled."""
         while True:
+            stop_if_cancelled()
             try:
                 async with await psycopg.AsyncConnection.connect(
                     self.conninfo, autocommit=True, application_name=f"tollgate-{self.name}"

@@ -58,3 +58,11 @@ async def wait_set(event: asyncio.Event, timeout: float) -> bool:
     with contextlib.suppress(TimeoutError):
         await within(event.wait(), timeout)
     return event.is_set()
+
+
+def stop_if_cancelled() -> None:
+    """Raises CancelledError in a task that was cancelled while a library it awaited
+    swallowed the cancellation, so that a service loop still stops."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -55,6 +55,7 @@ from services.core.db import ADMIN_EVENTS_CHANNEL, EVENTS_CHANNEL, Database
 from services.core.eventstore import event_from_row
 from services.core.kafka import Placed, Publisher, Refused, TopicWatch, create_topic
 from services.core.leadership import Leadership
+from services.core.loop import stop_if_cancelled
 from services.core.runs import StoredEvent
 
 log = structlog.get_logger(__name__)
@@ -203,6 +204,7 @@ class OutboxRelay:
             loop = asyncio.get_running_loop()
             watched = pruned = loop.time()
             while True:
+                stop_if_cancelled()
                 published = await self.publish_once(conn, publisher)
                 published = max(published, await self.publish_admin_once(conn, publisher))
                 if self.log_went_back:

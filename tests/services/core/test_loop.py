@@ -1,10 +1,11 @@
 import asyncio
+import contextlib
 
 import pytest
 import uvloop
 
 from services.core.config import ConfigError
-from services.core.loop import run, running_loop_name, wait_set, within
+from services.core.loop import run, running_loop_name, stop_if_cancelled, wait_set, within
 
 
 async def running_loop() -> tuple[type, str]:
@@ -53,3 +54,22 @@ async def test_within_raises_timeout_and_wait_set_says_whether_it_was_set() -> N
     assert not await wait_set(event, 0.01)
     asyncio.get_running_loop().call_later(0.01, event.set)
     assert await wait_set(event, 60)
+
+
+async def test_a_loop_stops_though_a_library_swallowed_its_cancellation() -> None:
+    turns = 0
+
+    async def service_loop() -> None:
+        nonlocal turns
+        while True:
+            stop_if_cancelled()
+            turns += 1
+            with contextlib.suppress(asyncio.CancelledError):  # a library that swallows it
+                await asyncio.sleep(60)
+
+    task = asyncio.create_task(service_loop())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert turns == 1
