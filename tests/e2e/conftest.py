@@ -73,8 +73,10 @@ def running_stack(
     gateway_listen: str = "127.0.0.1:0",
     replicas: Mapping[str, int] | None = None,
     tls: tuple[Path, Path] | None = None,
+    adapters: Mapping[str, Path] | None = None,
 ) -> Iterator[tuple[Stack, Services]]:
-    """The four services on a database and a topic of their own; stopped on the way out."""
+    """The four services on a database and a topic of their own; stopped on the way out.
+    `adapters` (name -> PEFT directory for the tiny model) go to the worker and admission."""
     name = f"e2e_{uuid.uuid4().hex}"
     database_url = create_database_from_template(infra.database_url, template_database, name)
     topic = f"e2e-{uuid.uuid4()}"
@@ -91,6 +93,7 @@ def running_stack(
         gateway_listen=gateway_listen,
         tls_cert=tls[0] if tls else None,
         tls_key=tls[1] if tls else None,
+        adapters=adapters or {},
         extra_env={
             "TOLLGATE_LEDGER_SWEEP_GRACE": "3",
             "TOLLGATE_MAX_TOKENS": "4096",
