@@ -43,6 +43,7 @@ from tollgate.types import (
     ApiKeyPage,
     LedgerEntry,
     LedgerEntryPage,
+    Model,
     Quota,
     Reconciliation,
     RetryPolicy,
@@ -273,6 +274,11 @@ class Client(_Base):
         response = self._unary(self._gateway.ListRuns, request)
         runs = tuple(convert.run_of(r) for r in response.runs)
         return RunPage(runs=runs, next_page_token=response.next_page_token)
+
+    def list_models(self) -> list[Model]:
+        """The models this key may use, adapters with their base model."""
+        response = self._unary(self._gateway.ListModels, gateway_pb2.ListModelsRequest())
+        return [convert.model_of(m) for m in response.models]
 
     def iter_runs(self, page_size: int = 100) -> Iterator[Run]:
         """Every run of the tenant, page after page."""

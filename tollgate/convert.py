@@ -14,6 +14,7 @@ from tollgate.types import (
     ChatMessage,
     LedgerEntry,
     LimitUsage,
+    Model,
     Quota,
     RateLimits,
     Reconciliation,
@@ -24,7 +25,7 @@ from tollgate.types import (
     UsageLine,
     UsageReport,
 )
-from tollgate.v1 import admin_pb2, events_pb2, ledger_pb2
+from tollgate.v1 import admin_pb2, events_pb2, gateway_pb2, ledger_pb2
 
 PRIORITIES = {
     "interactive": events_pb2.PRIORITY_INTERACTIVE,
@@ -157,6 +158,10 @@ def run_of(message: events_pb2.Run) -> Run:
         create_time=to_datetime(message.create_time, message.HasField("create_time")),
         update_time=to_datetime(message.update_time, message.HasField("update_time")),
     )
+
+
+def model_of(message: gateway_pb2.Model) -> Model:
+    return Model(name=message.name, base=message.base, context_length=message.context_length)
 
 
 def quota_of(message: admin_pb2.Quota) -> Quota:

@@ -25,6 +25,15 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Model:
+    """A model the gateway serves the caller: a base model, or a LoRA adapter on `base`."""
+
+    name: str
+    base: str = ""  # the adapter's base model; "" for a base model
+    context_length: int = 0  # prompt and output tokens one run may hold; 0: unknown
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """One billed line of one run."""
 

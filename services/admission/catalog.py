@@ -13,6 +13,7 @@ from engine.errors import ModelLoadError
 from engine.loader import load_model_config
 from engine.tokenizer import Tokenizer
 from services.admission.requests import GenerateParams
+from services.core.auth import Principal
 from services.core.config import ConfigError
 from services.core.errors import FieldViolation, InvalidArgument
 
@@ -72,6 +73,15 @@ class ModelCatalog:
 
     def get(self, name: str) -> ModelEntry:
         return self.entries[name]
+
+    def usable_by(self, principal: Principal) -> list[ModelEntry]:
+        """The models the caller's key may use, by name: both fronts' model lists."""
+        return [self.entries[name] for name in self.names() if principal.may_use(name)]
+
+    def find(self, principal: Principal, name: str) -> ModelEntry | None:
+        """The model `name` if it exists and the caller's key may use it."""
+        entry = self.entries.get(name)
+        return entry if entry is not None and principal.may_use(name) else None
 
 
 def adapter_base(name: str, directory: Path, model_dirs: Mapping[str, str]) -> str:

@@ -109,9 +109,8 @@ class HttpApi:
     ) -> dict[str, Any]:
         """The models the caller's key may use."""
         principal = await self._principal(request)
-        catalog = self.gateway.catalog
-        names = [name for name in catalog.names() if principal.may_use(name)]
-        return {"object": "list", "data": [_model(catalog.get(name)) for name in names]}
+        models = self.gateway.catalog.usable_by(principal)
+        return {"object": "list", "data": [_model(entry) for entry in models]}
 
     async def get_model(
         self,
@@ -119,10 +118,10 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> dict[str, Any]:
-        principal = await self._principal(request)
-        if model not in self.gateway.catalog.names() or not principal.may_use(model):
+        entry = self.gateway.catalog.find(await self._principal(request), model)
+        if entry is None:
             raise NotFound(f"model {model[:64]!r} not found")
-        return _model(self.gateway.catalog.get(model))
+        return _model(entry)
 
     async def get_run(
         self,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf import json_format
 
+from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
 from services.admission.key_messages import key_to_proto, overlap_from_proto, scopes_from_proto
 from services.admission.keys import KeyRepository
@@ -125,6 +126,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         return gateway_pb2.ListRunsResponse(
             runs=[run_to_proto(r) for r in page], next_page_token=token
         )
+
+    @rpc_errors
+    async def ListModels(
+        self, request: gateway_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListModelsResponse:
+        models = self.gateway.catalog.usable_by(await self._principal(context))
+        return gateway_pb2.ListModelsResponse(models=[model_to_proto(m) for m in models])
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -287,6 +295,12 @@ def run_to_proto(run: RunView) -> events_pb2.Run:
     if run.updated_at:
         message.update_time.FromDatetime(run.updated_at)
     return message
+
+
+def model_to_proto(entry: ModelEntry) -> gateway_pb2.Model:
+    return gateway_pb2.Model(
+        name=entry.name, base=entry.parent, context_length=entry.context_length
+    )
 
 
 def tenant_to_proto(tenant: TenantRecord) -> admin_pb2.Tenant:

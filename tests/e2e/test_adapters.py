@@ -77,6 +77,12 @@ def test_an_adapter_answers_otherwise_than_its_base_and_is_billed_under_its_name
     assert billed_models(adapter_stack, base[0].run_id) == {"tiny"}
 
 
+def test_the_gateway_lists_the_adapter_with_its_base(adapter_stack: Stack) -> None:
+    models = {m.name: m for m in adapter_stack.tenant_client("adapter-list").list_models()}
+    assert (models["tiny"].base, models[ADAPTER].base) == ("", "tiny")
+    assert models[ADAPTER].context_length == models["tiny"].context_length > 0
+
+
 def test_an_adapter_never_reads_the_base_models_cached_prompt(adapter_stack: Stack) -> None:
     client = adapter_stack.tenant_client("adapter-cache")
     assert cached_prompt_tokens(greedy(client, "tiny", LONG_PROMPT, 4)) == 0

@@ -166,6 +166,7 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     keys: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, Any, dict[str, str]]] = field(default_factory=list)
     delay: float = 0.0
+    models: Sequence[gateway_pb2.Model] = (gateway_pb2.Model(name="tiny", context_length=2048),)
 
     def _record(self, method: str, request: Any, context: Any) -> None:
         metadata = {k: v for k, v in context.invocation_metadata()}
@@ -254,6 +255,11 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         return gateway_pb2.ListRunsResponse(
             runs=[run_of(self.runs[i]) for i in page], next_page_token=token
         )
+
+    @rpc_errors
+    async def ListModels(self, request: Any, context: Any) -> gateway_pb2.ListModelsResponse:
+        self._record("ListModels", request, context)
+        return gateway_pb2.ListModelsResponse(models=self.models)
 
 
 async def _break(context: Any, plan: Break) -> None:

@@ -167,6 +167,14 @@ class GatewayContractTests:
         whole = await list_runs(gateway_pb2.ListRunsRequest(), metadata=gateway.metadata)
         assert [r.run_id for r in whole.runs] == made[::-1] and not whole.next_page_token
 
+    async def test_list_models_lists_the_served_model_as_a_base(self, gateway: GatewaySide) -> None:
+        listed = await gateway.stub.ListModels(
+            gateway_pb2.ListModelsRequest(), metadata=gateway.metadata
+        )
+        [model] = listed.models
+        assert (model.name, model.base) == ("tiny", "")
+        assert model.context_length > 0
+
     @pytest.mark.parametrize(
         ("request_fields", "field"),
         [({"page_size": -1}, "page_size"), ({"page_token": "not-a-token"}, "page_token")],

@@ -60,6 +60,11 @@ class GatewayServiceStub:
                 request_serializer=tollgate_dot_v1_dot_gateway__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=tollgate_dot_v1_dot_gateway__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/tollgate.v1.GatewayService/ListModels',
+                request_serializer=tollgate_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=tollgate_dot_v1_dot_gateway__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServiceServicer:
@@ -97,6 +102,13 @@ class GatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """The models the caller's key may use, as GET /v1/models lists them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +136,11 @@ def add_GatewayServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=tollgate_dot_v1_dot_gateway__pb2.ListRunsRequest.FromString,
                     response_serializer=tollgate_dot_v1_dot_gateway__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=tollgate_dot_v1_dot_gateway__pb2.ListModelsRequest.FromString,
+                    response_serializer=tollgate_dot_v1_dot_gateway__pb2.ListModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +278,33 @@ class GatewayService:
             '/tollgate.v1.GatewayService/ListRuns',
             tollgate_dot_v1_dot_gateway__pb2.ListRunsRequest.SerializeToString,
             tollgate_dot_v1_dot_gateway__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tollgate.v1.GatewayService/ListModels',
+            tollgate_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
+            tollgate_dot_v1_dot_gateway__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

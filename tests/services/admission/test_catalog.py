@@ -10,6 +10,7 @@ import pytest
 from engine.tools.adapter_init import init_adapter
 from engine.tools.tiny import init_tiny_model
 from services.admission.catalog import ModelCatalog
+from services.core.auth import Principal
 from services.core.config import ConfigError
 
 
@@ -24,6 +25,16 @@ def test_an_adapter_is_listed_with_its_base(tiny_model_dir: Path, tmp_path: Path
     assert (entry.parent, catalog.get("tiny").parent) == ("tiny", "")
     assert entry.tokenizer is catalog.get("tiny").tokenizer
     assert entry.context_length == catalog.get("tiny").context_length
+
+
+def test_a_key_sees_only_the_models_it_may_use(tiny_model_dir: Path, tmp_path: Path) -> None:
+    adapter = init_adapter(tmp_path / "sql", tiny_model_dir, rank=2)
+    catalog = ModelCatalog.load({"tiny": str(tiny_model_dir)}, {"tiny-sql": str(adapter)})
+    anyone, scoped = Principal("t1"), Principal("t1", allowed_models=frozenset({"tiny-sql"}))
+    assert [e.name for e in catalog.usable_by(anyone)] == ["tiny", "tiny-sql"]
+    assert [(e.name, e.parent) for e in catalog.usable_by(scoped)] == [("tiny-sql", "tiny")]
+    assert catalog.find(scoped, "tiny-sql") is catalog.get("tiny-sql")
+    assert catalog.find(scoped, "tiny") is None and catalog.find(anyone, "nope") is None
 
 
 def test_an_adapter_whose_base_is_not_served_is_a_configuration_error(

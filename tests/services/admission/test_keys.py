@@ -188,6 +188,10 @@ async def test_the_http_api_answers_403_for_a_model_and_401_for_an_expired_key(
         assert status == 403 and answer["error"]["param"] == "model"
         status, models = await asyncio.to_thread(_get, server.url, key.secret, "/v1/models")
         assert status == 200 and models["data"] == []
+        listed = await admission.gateway.ListModels(
+            gateway_pb2.ListModelsRequest(), metadata=auth(key.secret)
+        )
+        assert list(listed.models) == []
         async with admission.db.begin() as conn:
             await conn.execute(sa.text("UPDATE api_keys SET expires_at = now()"))
         status, answer = await asyncio.to_thread(_post, server.url, key.secret, body)
