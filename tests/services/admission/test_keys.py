@@ -188,6 +188,8 @@ async def test_the_http_api_answers_403_for_a_model_and_401_for_an_expired_key(
         assert status == 403 and answer["error"]["param"] == "model"
         status, models = await asyncio.to_thread(_get, server.url, key.secret, "/v1/models")
         assert status == 200 and models["data"] == []
+        status, _ = await asyncio.to_thread(_get, server.url, key.secret, f"/v1/models/{MODEL}")
+        assert status == 404
         listed = await admission.gateway.ListModels(
             gateway_pb2.ListModelsRequest(), metadata=auth(key.secret)
         )
