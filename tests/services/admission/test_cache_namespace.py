@@ -5,10 +5,7 @@ namespace from what admission stored, so no client can reach another tenant's KV
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
 from google.protobuf import timestamp_pb2
 
 from services.scheduler.fair_queue import QueueClass
@@ -18,21 +15,11 @@ from services.scheduler.servicer import run_from_hint
 from services.scheduler.worker_client import Grant, assign_request
 from services.worker.servicer import assignment_from_proto
 from tests.services.admission.calls import request
-from tests.services.admission.running import Admission, auth, running_admission
+from tests.services.admission.running import Admission, auth
 from tollgate.v1 import events_pb2, scheduler_pb2
 
 VICTIM = "tenant_of_someone_else"
 GATEWAY_GENERATE = "/tollgate.v1.GatewayService/Generate"
-
-
-@pytest.fixture
-async def admission(
-    database_url: str, kafka_bootstrap: str, kafka_topic: str, tiny_model_dir: Path
-) -> AsyncIterator[Admission]:
-    async with running_admission(
-        database_url, kafka_bootstrap, kafka_topic, tiny_model_dir
-    ) as running:
-        yield running
 
 
 def unknown_fields(value: str) -> bytes:
