@@ -2,7 +2,7 @@
 on the real PostgreSQL: never INTERNAL, UNKNOWN or a retryable UNAVAILABLE, never a run
 stored for a refused request, and a normal run is still admitted, published and billed.
 
-TOLLGATE_PROPERTY_EXAMPLES sets the number of requests per type (400 by default; requests
+TOLLGATE_PROPERTY_EXAMPLES sets the number of requests per type (2,000 by default; requests
 without fields have only a handful).
 """
 
@@ -36,7 +36,7 @@ from tests.services.core.kafka_tools import read_topic
 from tests.services.public_requests import TALLY, is_field_path, requests
 from tollgate.v1 import admin_pb2, events_pb2, gateway_pb2, ledger_pb2, ledger_pb2_grpc
 
-EXAMPLES = int(os.environ.get("TOLLGATE_PROPERTY_EXAMPLES", "400"))
+EXAMPLES = int(os.environ.get("TOLLGATE_PROPERTY_EXAMPLES", "2000"))
 NEVER = {
     grpc.StatusCode.INTERNAL,
     grpc.StatusCode.UNKNOWN,

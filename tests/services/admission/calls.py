@@ -8,6 +8,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from services.core.auth import split_key
 from tests.services.admission.running import MODEL, Admission, auth
 from tollgate.v1 import events_pb2, gateway_pb2
 
@@ -70,3 +71,10 @@ def details(error: grpc.aio.AioRpcError) -> dict[str, Any]:
                 found[kind.DESCRIPTOR.name] = message = kind()
                 packed.Unpack(message)
     return found
+
+
+def secret_part(key: str) -> str:
+    """The secret of a whole API key (`tg_<key_id>_<secret>`; the secret may hold `_`)."""
+    parts = split_key(key)
+    assert parts is not None, "not an API key"
+    return parts[1]
