@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.db import Database, driver_cursor, single_statement
 from services.core.errors import DATABASE_AWAY
+from services.core.loop import stop_if_cancelled
 
 log = structlog.get_logger(__name__)
 
@@ -126,6 +127,7 @@ class Attachments:
         renewed = 0.0
         loop = asyncio.get_running_loop()
         while True:
+            stop_if_cancelled()
             try:
                 if loop.time() - renewed >= self.renew_interval:
                     await self._renew()

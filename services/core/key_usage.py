@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import structlog
 
 from services.core.db import Database, driver_cursor, single_statement
+from services.core.loop import stop_if_cancelled
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +63,7 @@ class KeyUsage:
         """Flushes every `interval` seconds until cancelled."""
         while True:
             await asyncio.sleep(interval)
+            stop_if_cancelled()
             await self.flush_logged(db)
 
     async def flush_logged(self, db: Database) -> None:

@@ -114,9 +114,13 @@ async def running_admission(
     finally:
         await channel.close()
         await server.stop(0)
-        await gateway.aclose()
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.gather(*tasks, return_exceptions=True)
-        await db.dispose()
+        try:
+            await gateway.aclose()
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Bounded: a task that does not stop fails the test here instead of running on
+            # into later tests with its database gone.
+            done, running = await asyncio.wait(tasks, timeout=30)
+            assert not running, f"tasks that did not stop: {running}"
+            await db.dispose()
