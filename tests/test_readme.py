@@ -1,4 +1,4 @@
-"""The README's configuration tables name every TOLLGATE_* variable the code reads, and
+"""docs/CONFIGURATION.md's tables name every TOLLGATE_* variable the code reads, and
 only those; the paths the README names exist."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "CONFIGURATION.md"
 SCANNED = ("engine", "services", "tollgate", "tools", "bench")
 NAME = re.compile(r"TOLLGATE_[A-Z0-9_]*")
 
@@ -76,10 +77,7 @@ def names_in_code() -> set[str]:
 
 
 def configuration_section() -> str:
-    text = README.read_text()
-    start = text.index("\n## Configuration")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
+    return CONFIGURATION.read_text()
 
 
 def table_rows(section: str) -> list[list[str]]:
@@ -113,12 +111,12 @@ def test_the_scan_sees_names_and_prefixes() -> None:
 
 def test_every_variable_the_code_reads_is_in_a_configuration_table() -> None:
     missing = names_in_code() - names_in_tables()
-    assert not missing, f"README.md's configuration tables lack {sorted(missing)}"
+    assert not missing, f"docs/CONFIGURATION.md's tables lack {sorted(missing)}"
 
 
 def test_every_variable_in_the_tables_is_read_by_the_code() -> None:
     unread = names_in_tables() - names_in_code()
-    assert not unread, f"README.md's configuration tables name unread {sorted(unread)}"
+    assert not unread, f"docs/CONFIGURATION.md's tables name unread {sorted(unread)}"
 
 
 def test_each_table_row_has_a_default_and_a_meaning() -> None:
