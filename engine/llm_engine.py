@@ -21,6 +21,7 @@ from engine.errors import RequestError
 from engine.layers.linear import pack_linear_layers
 from engine.layers.lora import attach_adapters
 from engine.layers.quantized import quantize_int8
+from engine.layers.tied import tie_into_panels
 from engine.loader import DTYPES, load_model, load_model_config, load_tokenizer, resolve_dtype
 from engine.model_files import model_fingerprint
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -80,7 +81,9 @@ class LLMEngine:
     Not thread-safe: call `add_request`, `abort` and `step` from one thread.
     `ProcessEngine` runs it in a child process for asyncio code.
     With `config.quantization` set, the model's linear layers are quantized in place; the
-    fp32 ones left are packed for their matrix multiply (`pack_linear_layers`).
+    fp32 ones left are packed for their matrix multiply (`pack_linear_layers`), and a tied
+    embedding and LM head share one packed matrix, int8 too when quantized
+    (`tie_into_panels`).
     `adapters` are LoRA adapters of the model that a request may name; each request runs
     the base model plus its own adapter, in the same batch as the others.
     """
@@ -105,6 +108,7 @@ class LLMEngine:
         )
         if config.quantization == "int8":
             quantize_int8(model)
+        tie_into_panels(model, int8=config.quantization == "int8")
         pack_linear_layers(model)
         lora = attach_adapters(model, adapters) if adapters else None
         # adapter name -> (slot, fingerprint); "" is the base model.

@@ -35,17 +35,23 @@ class DequantBuffer:
         return self._buffer[: rows.numel()].view(rows.shape).copy_(rows)
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> int8 rows [N, K] and an fp32 scale per row, symmetric: row i is
+    about rows[i] * scale[i]. An all-zero row keeps a scale of 1 instead of dividing by 0."""
+    weight = weight.float()
+    scale = weight.abs().amax(dim=1) / _QMAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    rows = torch.round(weight / scale.unsqueeze(1)).clamp_(-_QMAX, _QMAX).to(torch.int8)
+    return rows, scale
+
+
 class Int8Linear(nn.Module):
     """`Linear` with its weight stored as int8 rows times an fp32 scale per row."""
 
     def __init__(self, linear: Linear, buffer: DequantBuffer) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()
-        out_features, in_features = weight.shape
-        # Symmetric per row; an all-zero row keeps a scale of 1 instead of dividing by 0.
-        scale = weight.abs().amax(dim=1) / _QMAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        qweight = torch.round(weight / scale.unsqueeze(1)).clamp_(-_QMAX, _QMAX).to(torch.int8)
+        qweight, scale = quantize_rows(linear.weight.detach())
+        out_features, in_features = qweight.shape
         self.out_features = out_features
         kernels = native.for_tensors(linear.weight.detach())
         self.gemm = kernels.gemm if kernels else None

@@ -23,7 +23,8 @@ KINDS = ("embeddings", "attention", "mlp", "norms", "lm_head")
 
 @dataclass(frozen=True, slots=True)
 class ParameterCounts:
-    """Parameters by kind; `linear_*` are the 2-D weights int8 quantizes and their rows."""
+    """Parameters by kind; `linear_*` are the 2-D weights int8 quantizes and their rows (a
+    tied embedding among them: it is held once, as the LM head's int8 panels)."""
 
     embeddings: int
     attention: int
@@ -105,15 +106,16 @@ def count_parameters(
         kind = parameter_kind(name)
         numel = math.prod(shape)
         counts[kind] += numel
-        if kind in ("attention", "mlp", "lm_head") and len(shape) == 2:
+        tied = kind == "embeddings" and tie_word_embeddings
+        if (tied or kind in ("attention", "mlp", "lm_head")) and len(shape) == 2:
             linear_weights += numel
             linear_rows += shape[0]
     return ParameterCounts(**counts, linear_weights=linear_weights, linear_rows=linear_rows)
 
 
 def weight_bytes(params: ParameterCounts) -> tuple[WeightBytes, ...]:
-    """fp32, bf16 and int8 (int8 rows and an fp32 scale per row for the linear layers,
-    everything else, a tied LM head too, in fp32: quantize_int8 leaves shared weights)."""
+    """fp32, bf16 and int8 (int8 rows and an fp32 scale per row for the linear layers and a
+    tied embedding, everything else in fp32)."""
     rest = params.total - params.linear_weights
     int8 = params.linear_weights + params.linear_rows * INT8_SCALE_BYTES + rest * 4
     sizes = (

@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.layers import native
 from engine.layers.linear import Linear
 from engine.layers.quantized import DequantBuffer, Int8Linear, quantize_int8
+from engine.layers.tied import TiedHead
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
@@ -98,7 +99,7 @@ def test_int8_engine_greedy_tokens_agree_with_fp32(
     model = int8.runner.model
     layer = cast(LlamaDecoderLayer, model.model.layers[0])
     assert isinstance(layer.mlp.down_proj, Int8Linear)
-    assert isinstance(model.lm_head, Int8Linear)
+    assert isinstance(model.lm_head, Int8Linear | TiedHead)
     vocab = model.config.vocab_size
     prompts = [_prompt(vocab, seed, length=20) for seed in range(3)]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
