@@ -106,7 +106,7 @@ def _http_listen() -> str:
 
 
 async def main(settings: AdmissionSettings) -> None:
-    db = open_db(settings.common.database_url)
+    db = open_db(settings.common.database_url, pool_size=settings.common.db_pool_size)
     catalog = ModelCatalog.load(settings.models, settings.adapters)
     feed = RunFeed(settings.common.database_url)
     scheduler = None

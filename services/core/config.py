@@ -123,6 +123,10 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+# PostgreSQL connections a service process keeps open at most.
+DB_POOL_SIZE = 20
+
+
 @dataclass(frozen=True, slots=True)
 class CommonSettings:
     """What every service process needs."""
@@ -131,6 +135,7 @@ class CommonSettings:
     kafka_bootstrap: str
     topic: str
     listen: str
+    db_pool_size: int = DB_POOL_SIZE
     metrics: MetricsSettings = MetricsSettings()
     internal_token: str = ""
     topic_partitions: int = TOPIC_PARTITIONS
@@ -144,6 +149,7 @@ class CommonSettings:
             kafka_bootstrap=env_str("TOLLGATE_KAFKA_BOOTSTRAP"),
             topic=env_str("TOLLGATE_TOPIC", RUN_EVENTS_TOPIC),
             listen=env_str("TOLLGATE_LISTEN", default_listen),
+            db_pool_size=env_int("TOLLGATE_DB_POOL_SIZE", DB_POOL_SIZE),
             metrics=MetricsSettings.from_env(),
             internal_token=env_str("TOLLGATE_INTERNAL_TOKEN", ""),
             topic_partitions=env_int("TOLLGATE_TOPIC_PARTITIONS", TOPIC_PARTITIONS),

@@ -33,10 +33,12 @@ def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def open_db(url: str, *, pool_size: int = 10) -> Database:
-    """The process's pool; connections open on first use."""
+def open_db(url: str, *, pool_size: int = 20) -> Database:
+    """The process's pool of at most `pool_size` connections, each opened on first use and
+    then kept: a connection opened past the pool's size and closed once returned (the
+    overflow) would cost a PostgreSQL backend start for every burst of work."""
     return create_async_engine(
-        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=0, pool_pre_ping=False
     )
 
 

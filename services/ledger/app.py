@@ -88,7 +88,7 @@ async def keep_running(name: str, job: Callable[[], Awaitable[None]]) -> None:
 
 
 async def main(settings: LedgerSettings) -> None:
-    db = open_db(settings.common.database_url)
+    db = open_db(settings.common.database_url, pool_size=settings.common.db_pool_size)
     common = settings.common
     consumer = LedgerConsumer(db, common.kafka_bootstrap, settings.prices, topic=common.topic)
     sweeper = Sweeper(

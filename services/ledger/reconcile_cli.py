@@ -85,7 +85,7 @@ def reconcile_command(args: argparse.Namespace) -> int:
 
 
 async def _check(url: str, since: float | None, stuck_after: float) -> InvariantReport:
-    db = open_db(url, pool_size=1)
+    db = open_db(url, pool_size=2)
     try:
         return await check(
             db,

@@ -220,7 +220,7 @@ async def _announce(listen: str, port: int, app: SchedulerApp) -> None:
 
 async def main(settings: SchedulerSettings) -> None:
     """Runs the scheduler until SIGTERM/SIGINT."""
-    db = open_db(settings.common.database_url)
+    db = open_db(settings.common.database_url, pool_size=settings.common.db_pool_size)
     app = SchedulerApp(settings, db)
     server, port, health_servicer = create_server(settings.common.listen, app)
     metrics_port, metrics_tasks = start_metrics(settings.common.metrics, "scheduler", db)

@@ -205,7 +205,7 @@ def up_command(args: argparse.Namespace) -> int:
 
 
 async def _demo_key(database_url: str) -> str:
-    db = open_db(database_url, pool_size=1)
+    db = open_db(database_url, pool_size=2)
     try:
         return (await demo_key(db)).secret
     finally:

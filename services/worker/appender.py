@@ -57,6 +57,18 @@ class StepAppender:
         self._last_append = 0.0
         # `prefill` events of runs just assigned, appended ahead of their first tokens.
         self._starts: dict[str, NewEvent] = {}
+        self._ended_watchers: list[asyncio.Event] = []
+
+    def watch_ended(self) -> asyncio.Event:
+        """An event set whenever runs end here and their blocks are free again; each
+        watcher clears its own."""
+        event = asyncio.Event()
+        self._ended_watchers.append(event)
+        return event
+
+    def _runs_ended(self) -> None:
+        for event in self._ended_watchers:
+            event.set()
 
     def start(self, run_id: str, prefill: NewEvent) -> None:
         """Queues a newly assigned run's `prefill`. It goes out with the next append: the
@@ -176,6 +188,8 @@ class StepAppender:
             if finished:
                 self.runs.pop(run_id, None)
                 run_finished(run, ended[run_id])
+        if ended:
+            self._runs_ended()
 
     def _refused(self, pending: dict[str, tuple[list[NewEvent], bool]], error: Exception) -> None:
         run_id = str(getattr(error, "run_id", ""))
@@ -227,6 +241,7 @@ class StepAppender:
             run = self.runs.pop(run_id, None)
             if run is None:
                 continue
+            self._runs_ended()
             self.abort(run_id)
             failed = NewEvent(RunState.FAILED, {"code": "INTERNAL", "message": message[:500]})
             start = self._starts.pop(run_id, None)
@@ -240,4 +255,5 @@ class StepAppender:
         """Stops a run here: aborted in the engine, nothing more appended for it."""
         self._starts.pop(run_id, None)
         if self.runs.pop(run_id, None) is not None:
+            self._runs_ended()
             self.abort(run_id)

@@ -36,7 +36,7 @@ def invariants(database_url: str) -> InvariantReport:
     """Every invariant over every run; any run not ended by now counts as stuck."""
 
     async def run() -> InvariantReport:
-        db = open_db(database_url, pool_size=1)
+        db = open_db(database_url, pool_size=2)
         try:
             return await check(db, Scope(), unbilled_grace=UNBILLED_GRACE_S, stuck_after=0.0)
         finally:

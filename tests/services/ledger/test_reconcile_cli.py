@@ -18,7 +18,7 @@ from tollgate.cli import main
 
 
 async def _queued(database_url: str, *, age_minutes: int = 0) -> str:
-    db = open_db(database_url, pool_size=1)
+    db = open_db(database_url, pool_size=2)
     try:
         tenant, _ = await create_tenant(db)
         run_id = await queued_run(EventStore(db), tenant)

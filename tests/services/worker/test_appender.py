@@ -206,3 +206,16 @@ async def test_what_an_earlier_attempt_of_a_run_produced_is_not_appended_for_a_l
         ("streaming", [9]),
         ("completed", None),
     ]
+
+
+async def test_watchers_hear_when_a_run_ends_and_not_before(store: EventStore) -> None:
+    runs = {"a": await started_run(store, "a"), "b": await started_run(store, "b")}
+    appender = StepAppender(store, runs, lambda run_id: None)
+    first, second = appender.watch_ended(), appender.watch_ended()
+    await appender.append([out("a", 1), out("b", 1)])
+    assert not first.is_set() and not second.is_set()  # tokens, no run ended
+    await appender.append([out("a", 2, "length")])
+    assert first.is_set() and second.is_set()
+    first.clear()
+    appender.drop("b")  # a dropped run frees its blocks as well
+    assert first.is_set()
