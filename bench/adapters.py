@@ -21,8 +21,10 @@ from pathlib import Path
 import torch
 
 from bench.engine import Mix, serve
+from bench.models import model_dir as bench_model_dir
+from bench.models import model_name
 from bench.report import progress
-from bench.workload import Workload, make_model, make_workload
+from bench.workload import Workload, make_workload
 from engine.adapters import load_adapter, merge_adapter
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -37,7 +39,7 @@ MERGED = "1 adapter, merged"
 def main(args: argparse.Namespace, mix: Mix) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        model_dir = args.model or make_model(root / "model")
+        model_dir = bench_model_dir(args.model, root)
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         work = make_workload(
             "random", mix.num_requests, vocab, args.seed, mix.prompt_lens, mix.output_lens
@@ -58,6 +60,7 @@ def main(args: argparse.Namespace, mix: Mix) -> None:
     for name, rate in rates.items():
         print(f"{name:<28} {rate:>8.1f} {rate / base:>8.2f}")
     figures = {
+        "model": model_name(args.model),
         "quick": args.quick,
         "threads": torch.get_num_threads(),
         "requests": mix.num_requests,

@@ -99,5 +99,21 @@ class CpuWindow:
             f"{self.num_cores} cores ({self.busy_fraction:.0%} busy)"
         )
 
+    def ms_per_run(self, runs: int, exclude: Sequence[str] = ()) -> dict[str, float]:
+        """CPU milliseconds per run of each role but `exclude`."""
+        return {
+            kind: round(1000 * seconds / runs, 2)
+            for kind, seconds in self.seconds.items()
+            if kind not in exclude
+        }
+
+    def percent_of_a_core(self, exclude: Sequence[str] = ()) -> dict[str, float]:
+        """Each role's CPU over the window's wall time, in percent of one core."""
+        return {
+            kind: round(100 * seconds / self.wall_seconds, 2)
+            for kind, seconds in self.seconds.items()
+            if kind not in exclude
+        }
+
     def rounded(self) -> Mapping[str, float]:
         return {kind: round(seconds, 3) for kind, seconds in self.seconds.items()}

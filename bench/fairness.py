@@ -11,7 +11,10 @@ and half interactive, each followed by another as soon as it ends, far more than
 worker's KV cache holds at once. The scheduler's fair queuing should put each light run
 ahead of the flood's backlog within a few dispatches, so its TTFT grows only by the time
 a flood run takes to free its blocks and by the busier engine steps. The ratios of the
-flooded to the lone TTFT at p50 and p99 are the figures (targets <= 1.5 and <= 2).
+flooded to the lone TTFT at p50 and p99 are the figures (targets <= 1.5 and <= 2); each
+TTFT is also split where its run's events arrive (admission, the scheduler's queue, the
+engine), to tell a queue that is unfair from a machine that is busy; the flood reports how
+long its own runs waited in the queue, per class, once all of them were in flight.
 
 The flood's quota lets every run and stream in (0 = unlimited): fairness, not a quota,
 has to protect the light tenant. The last line is one JSON object of the figures.
@@ -30,9 +33,15 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
-from bench.isolation import on_tiny_stack, quiet_ttfts, tenant_key, ttfts_beside
+from bench.isolation import on_tiny_stack, quiet_timings, tenant_key, ttfts_beside
 from bench.report import percentile, progress
-from bench.stack_sides import MODEL_NAME, make_stack_workload, run_stack_bench, warm_up
+from bench.stack_sides import (
+    MODEL_NAME,
+    RequestTiming,
+    make_stack_workload,
+    run_stack_bench,
+    warm_up,
+)
 from engine.tokenizer import Tokenizer
 from tollgate import AsyncClient
 from tollgate.errors import TollgateError
@@ -64,6 +73,7 @@ def flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -> None:
 
 async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -> None:
     counts: Counter[str] = Counter()
+    waits: dict[str, list[float]] = {"interactive": [], "batch": []}
     in_flight: dict[int, str] = {}
     queued = asyncio.Event()
     async with AsyncClient(plan.gateway, plan.api_key) as client:
@@ -80,14 +90,18 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
                     priority=priority,
                     disconnect_grace=1.0,
                 )
+                queued_at = 0.0
                 try:
                     async with stream:
                         async for event in stream:
                             if event.kind == "queued":
+                                queued_at = time.perf_counter()
                                 in_flight[slot] = event.run_id
                                 counts["queued"] += 1
                                 if counts["queued"] >= plan.num_runs:
                                     queued.set()
+                            elif event.kind == "prefill" and queued.is_set():
+                                waits[priority].append(1000 * (time.perf_counter() - queued_at))
                     counts[f"{priority}_ended"] += 1
                 except TollgateError as error:
                     counts[f"{priority}_refused_{type(error).__name__}"] += 1
@@ -104,7 +118,9 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
         await asyncio.gather(*tasks, return_exceptions=True)
         for run_id in list(in_flight.values()):
             await client.cancel_run(run_id)
-    reports.put(dict(counts))
+    # How long the flood's own runs waited in the scheduler's queue once it was full.
+    queue_p50 = {f"{k}_queue_p50_ms": round(percentile(v, 50), 1) for k, v in waits.items() if v}
+    reports.put({**counts, **queue_p50})
 
 
 def _queued_progress(started: dict[str, Any]) -> None:
@@ -128,7 +144,7 @@ async def measure(
     async with AsyncClient(gateway, api_key) as client:
         await warm_up(client, prompts[0])
         progress("the light tenant alone")
-        alone = await quiet_ttfts(client, prompts[: args.samples])
+        alone = await quiet_timings(client, prompts[: args.samples])
         progress("the light tenant during the flood")
         during, started, ended = await ttfts_beside(
             client, flood, plan, prompts[args.samples :], _queued_progress
@@ -136,13 +152,41 @@ async def measure(
     return report(args, alone, during, {**started, **ended})
 
 
+# A light run's TTFT in three parts, as its client reads the run's events: submit to
+# `queued` (admission), `queued` to `prefill` (the scheduler's queue and the dispatch to a
+# worker) and `prefill` to the first token (the worker's engine).
+PARTS = {
+    "admission": lambda t: t.queued - t.submitted,
+    "queue": lambda t: t.prefill - t.queued,
+    "engine": lambda t: t.first_token - t.prefill,
+}
+
+
+def _p50_parts(timings: list[RequestTiming]) -> dict[str, float]:
+    return {
+        name: round(percentile([part(t) * 1000 for t in timings], 50), 2)
+        for name, part in PARTS.items()
+    }
+
+
 def report(
-    args: argparse.Namespace, alone: list[float], during: list[float], flood: dict[str, Any]
+    args: argparse.Namespace,
+    alone_timings: list[RequestTiming],
+    during_timings: list[RequestTiming],
+    flood: dict[str, Any],
 ) -> dict[str, Any]:
-    print(f"{'light tenant':<28}{'samples':>8}{'ttft p50':>10}{'ttft p99':>10}")
-    for name, ttfts in (("alone", alone), (f"during {args.flood_runs} flood runs", during)):
+    alone = [t.ttft_ms for t in alone_timings]
+    during = [t.ttft_ms for t in during_timings]
+    parts = {"alone": _p50_parts(alone_timings), "during": _p50_parts(during_timings)}
+    print(f"{'light tenant':<28}{'samples':>8}{'ttft p50':>10}{'ttft p99':>10}"
+          + "".join(f"{name + ' p50':>15}" for name in PARTS))  # fmt: skip
+    for name, ttfts, split in (
+        ("alone", alone, parts["alone"]),
+        (f"during {args.flood_runs} flood runs", during, parts["during"]),
+    ):
         print(
             f"{name:<28}{len(ttfts):>8}{percentile(ttfts, 50):>10.1f}{percentile(ttfts, 99):>10.1f}"
+            + "".join(f"{split[part]:>15.1f}" for part in PARTS)
         )
     p50 = percentile(during, 50) / percentile(alone, 50)
     p99 = percentile(during, 99) / percentile(alone, 99)
@@ -157,6 +201,7 @@ def report(
         "alone_ttft_p99_ms": round(percentile(alone, 99), 2),
         "flood_ttft_p50_ms": round(percentile(during, 50), 2),
         "flood_ttft_p99_ms": round(percentile(during, 99), 2),
+        "ttft_p50_parts_ms": parts,
         "ttft_p50_ratio": round(p50, 3),
         "ttft_p99_ratio": round(p99, 3),
         "meets_target": p50 <= P50_RATIO_TARGET and p99 <= P99_RATIO_TARGET,

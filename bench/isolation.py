@@ -40,6 +40,7 @@ from google.protobuf import duration_pb2
 from bench.report import percentile, progress
 from bench.stack_sides import (
     MODEL_NAME,
+    RequestTiming,
     make_stack_workload,
     run_stack_bench,
     running_stack,
@@ -166,9 +167,14 @@ async def tenant_key(gateway: str, admin_token: str, name: str, streams: int | N
         return (await admin.create_api_key(tenant.tenant_id)).secret
 
 
+async def quiet_timings(client: AsyncClient, prompts: list[str]) -> list[RequestTiming]:
+    """Each prompt's request timed, one request at a time."""
+    return [await stack_request(client, p, QUIET_MAX_TOKENS) for p in prompts]
+
+
 async def quiet_ttfts(client: AsyncClient, prompts: list[str]) -> list[float]:
     """Each prompt's TTFT in milliseconds, one request at a time."""
-    return [(await stack_request(client, p, QUIET_MAX_TOKENS)).ttft_ms for p in prompts]
+    return [timing.ttft_ms for timing in await quiet_timings(client, prompts)]
 
 
 async def measure(
@@ -198,10 +204,10 @@ async def measure(
                 blocker = await start_blocker(gateway, blocker_key, args.blocker_tokens)
             progress(f"round {turn + 1}: the quiet tenant alone")
             alone += await quiet_ttfts(client, baseline_prompts[turn :: args.rounds])
-            ttfts, opened, closed = await flooded_ttfts(
+            timings, opened, closed = await flooded_ttfts(
                 client, plan, flood_prompts[turn :: args.rounds]
             )
-            during += ttfts
+            during += [timing.ttft_ms for timing in timings]
             # Had it ended, the flood's runs would have streamed: another measurement.
             held += await blocker_state(gateway, blocker_key, blocker) == "streaming"
         closed["rounds_blocked"] = held
@@ -211,8 +217,8 @@ async def measure(
 
 async def flooded_ttfts(
     client: AsyncClient, plan: Flood, prompts: list[str]
-) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
-    """The prompts' TTFTs while a flood process holds its streams; with what it reported
+) -> tuple[list[RequestTiming], dict[str, Any], dict[str, Any]]:
+    """The prompts' timings while a flood process holds its streams; with what it reported
     once they were open and once it closed them."""
     return await ttfts_beside(client, flood, plan, prompts, _opened_progress)
 
@@ -227,8 +233,8 @@ async def ttfts_beside(
     plan: object,
     prompts: list[str],
     on_started: Callable[[dict[str, Any]], None],
-) -> tuple[list[float], dict[str, Any], dict[str, Any]]:
-    """The prompts' TTFTs while `target(plan, reports, stop)` runs in a process of its own
+) -> tuple[list[RequestTiming], dict[str, Any], dict[str, Any]]:
+    """The prompts' timings while `target(plan, reports, stop)` runs in a process of its own
     (so reading its streams does not slow this one's client); measured once it reports it
     started (`on_started` is told what), and with what it reports once `stop` ends it."""
     context = multiprocessing.get_context("spawn")
@@ -239,12 +245,12 @@ async def ttfts_beside(
     try:
         started = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
         on_started(started)
-        ttfts = await quiet_ttfts(client, prompts)
+        timings = await quiet_timings(client, prompts)
     finally:
         stop.set()
     ended = await asyncio.to_thread(reports.get, timeout=FLOOD_OPEN_TIMEOUT_S)
     await asyncio.to_thread(process.join, 30)
-    return ttfts, started, ended
+    return timings, started, ended
 
 
 def report(

@@ -1,8 +1,9 @@
 """What every benchmark shares in how it reports: progress and logs on stderr (stdout is
-kept for the table and the final JSON line), percentiles."""
+kept for the table and the final JSON line), percentiles, lists of counts on the command line."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import structlog
@@ -28,3 +29,13 @@ def percentile(values: list[float], q: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts such as 0,1,4, got {text!r}") from None
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError("counts must be whole numbers, 0 or more")
+    return counts

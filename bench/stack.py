@@ -1,11 +1,11 @@
 """The whole stack against the same engine in-process: throughput and added TTFT.
 
-    python -m bench.stack [--model 56m|tiny] [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
+    python -m bench.stack [--model NAME|56m|tiny] [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
     python -m bench.stack --front http [...]   # the HTTP front door against gRPC (bench.stack_http)
     python -m bench.stack --telemetry [...]    # metrics and OTLP tracing on against off
 
-Generates a random Llama (by default bench.engine's 56M-parameter one; `--model tiny`
-is a 4-layer model whose steps cost little more than the engine's Python, so the
+Takes the real model where it is cached, or a random Llama (bench/models.py; `--model
+tiny` is a 4-layer model whose steps cost little more than the engine's Python, so the
 services' own cost per run shows), then runs one workload twice: N concurrent
 greedy requests of M output tokens each (EOS ignored, so both sides produce
 exactly N*M tokens) over a fixed, seeded prompt set; with R rounds, R such waves
@@ -35,10 +35,14 @@ import argparse
 import asyncio
 import gc
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import progress
+from bench.cpu import BENCH, ENGINE, CpuWindow
+from bench.models import SYNTHETIC, add_model_option, model_name
+from bench.models import model_dir as bench_model_dir
+from bench.report import counts, progress
 from bench.stack_http import report_fronts, run_fronts
 from bench.stack_sides import (
     SideResult,
@@ -51,16 +55,12 @@ from bench.stack_sides import (
     workload_summary,
 )
 from bench.stack_telemetry import bench_telemetry
-from bench.workload import MODEL_SHAPE as BENCH_MODEL_SHAPE
 from engine.config import EngineConfig
 from engine.tokenizer import Tokenizer
-from engine.tools.tiny import init_tiny_model
 
-MODEL_SHAPES: dict[str, dict[str, Any]] = {
-    # Engine steps, not the engine's Python, dominate the in-process run.
-    "56m": BENCH_MODEL_SHAPE,
-    "tiny": {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 512},
-}
+# The services' CPU is everything the stack runs but the engine's steps and this bench.
+NOT_SERVICES = (ENGINE, BENCH)
+IDLE_SECONDS = 10.0
 THROUGHPUT_TARGET = 0.85
 ADDED_TTFT_P50_TARGET_MS = 15.0
 
@@ -74,7 +74,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def report(
-    model: str, work: StackWorkload, local: SideResult, stack: SideResult, config: EngineConfig
+    model: str,
+    work: StackWorkload,
+    local: SideResult,
+    stack: SideResult,
+    config: EngineConfig,
+    idle: CpuWindow,
 ) -> dict[str, Any]:
     header = f"{'side':<12}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
     print(f"{header}{'billed p50':>12}{'billed p99':>12}")
@@ -99,6 +104,14 @@ def report(
     )
     for side in (local, stack):
         print(f"CPU seconds, {side.name}: {side.cpu.describe()}")
+    runs = len(stack.timings)
+    per_run = stack.cpu.ms_per_run(runs, exclude=NOT_SERVICES)
+    idle_percent = idle.percent_of_a_core(exclude=NOT_SERVICES)
+    print(
+        f"services' CPU per run (all but the engine and this bench, to billed): "
+        f"{sum(per_run.values()):.1f} ms ({_parts(per_run, 'ms')}); idle: "
+        f"{sum(idle_percent.values()):.1f}% of a core ({_parts(idle_percent, '%')})"
+    )
     same = sum(
         a.token_ids == b.token_ids for a, b in zip(local.timings, stack.timings, strict=True)
     )
@@ -124,9 +137,17 @@ def report(
         "stack_cpu_s": stack.cpu.rounded(),
         "inprocess_cpu_busy": round(local.cpu.busy_fraction, 3),
         "stack_cpu_busy": round(stack.cpu.busy_fraction, 3),
+        "service_cpu_ms_per_run": round(sum(per_run.values()), 2),
+        "service_cpu_ms_per_run_by_role": per_run,
+        "idle_cpu_percent_of_a_core": round(sum(idle_percent.values()), 2),
+        "idle_cpu_percent_by_role": idle_percent,
         "meets_throughput_target": ratio >= THROUGHPUT_TARGET,
         "meets_ttft_target": added_p50 <= ADDED_TTFT_P50_TARGET_MS,
     }
+
+
+def _parts(values: dict[str, float], unit: str) -> str:
+    return ", ".join(f"{role} {value:.1f}{unit}" for role, value in values.items())
 
 
 def check_tokens(side: SideResult, work: StackWorkload) -> None:
@@ -136,37 +157,66 @@ def check_tokens(side: SideResult, work: StackWorkload) -> None:
 
 
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    progress(f"generating the {args.model} model")
-    model_dir = init_tiny_model(scratch / "model", **MODEL_SHAPES[args.model])
+    model_dir = bench_model_dir(args.model, scratch)
     if args.front == "http":
         return bench_fronts(args, scratch, model_dir)
-    work = make_stack_workload(
-        Tokenizer.from_model_dir(model_dir),
-        args.concurrency,
-        args.prompt_words,
-        args.max_tokens,
-        args.seed,
-        args.rounds,
-    )
+    tokenizer = Tokenizer.from_model_dir(model_dir)
+    works = {
+        concurrency: make_stack_workload(
+            tokenizer, concurrency, args.prompt_words, args.max_tokens, args.seed, args.rounds
+        )
+        for concurrency in args.concurrencies
+    }
     if args.telemetry:
-        return bench_telemetry(args, scratch, model_dir, work)
+        return bench_telemetry(args, scratch, model_dir, works[args.concurrency])
     config = engine_config(args)
     waves = f" x {args.rounds} rounds" if args.rounds > 1 else ""
-    progress(f"in-process: {args.concurrency} streams of {args.max_tokens} tokens{waves}")
-    local = asyncio.run(asyncio.wait_for(run_inprocess(model_dir, work, config), args.timeout))
-    check_tokens(local, work)
-    progress(f"in-process: {local.tokens_per_second:,.1f} output tokens/s")
-    gc.collect()  # the engine's weights and KV cache go before the services load theirs
+    local: dict[int, SideResult] = {}
+    for concurrency, work in works.items():
+        progress(f"in-process: {concurrency} streams of {args.max_tokens} tokens{waves}")
+        run = run_inprocess(model_dir, work, config)
+        local[concurrency] = asyncio.run(asyncio.wait_for(run, args.timeout))
+        check_tokens(local[concurrency], work)
+        progress(f"in-process: {local[concurrency].tokens_per_second:,.1f} output tokens/s")
+        gc.collect()  # the engine's weights and KV cache go before the next ones load
     log_dir = args.logs or scratch / "logs"
     progress(f"starting the stack (logs in {log_dir})")
+    stack: dict[int, SideResult] = {}
     with running_stack(scratch, model_dir, args, log_dir) as running:
-        progress(f"stack: {args.concurrency} streams of {args.max_tokens} tokens{waves}")
-        stack = asyncio.run(
-            asyncio.wait_for(run_stack(running.gateway, running.api_key, work), args.timeout)
-        )
-    check_tokens(stack, work)
-    progress(f"stack: {stack.tokens_per_second:,.1f} output tokens/s")
-    return report(args.model, work, local, stack, config)
+        progress(f"the stack idle for {IDLE_SECONDS:.0f} s")
+        idle = idle_cpu(IDLE_SECONDS)
+        for concurrency, work in works.items():
+            progress(f"stack: {concurrency} streams of {args.max_tokens} tokens{waves}")
+            run_side = run_stack(running.gateway, running.api_key, work)
+            stack[concurrency] = asyncio.run(asyncio.wait_for(run_side, args.timeout))
+            check_tokens(stack[concurrency], work)
+            progress(f"stack: {stack[concurrency].tokens_per_second:,.1f} output tokens/s")
+    reports = {
+        concurrency: report(model_name(args.model), work, local[concurrency], stack[concurrency],
+                            config, idle)
+        for concurrency, work in works.items()
+    }  # fmt: skip
+    if len(reports) == 1:
+        return reports[args.concurrency]
+    return {
+        "model": model_name(args.model),
+        "concurrency": list(reports),
+        **{f"throughput_ratio_at_{c}": r["throughput_ratio"] for c, r in reports.items()},
+        **{f"added_ttft_p50_ms_at_{c}": r["added_ttft_p50_ms"] for c, r in reports.items()},
+        **{
+            f"service_cpu_ms_per_run_at_{c}": r["service_cpu_ms_per_run"]
+            for c, r in reports.items()
+        },
+        "idle_cpu_percent_of_a_core": reports[args.concurrency]["idle_cpu_percent_of_a_core"],
+        "by_concurrency": reports,
+    }
+
+
+def idle_cpu(seconds: float) -> CpuWindow:
+    """What the stack's processes spend while nothing is asked of them."""
+    with CpuWindow() as window:
+        time.sleep(seconds)
+    return window
 
 
 def bench_fronts(args: argparse.Namespace, scratch: Path, model_dir: Path) -> dict[str, Any]:
@@ -191,10 +241,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_model_option(parser, synthetic=SYNTHETIC)
     parser.add_argument(
-        "--model", choices=sorted(MODEL_SHAPES), default="56m", help="model shape (default 56m)"
+        "--concurrency",
+        type=counts,
+        help="concurrent streams, or several such as 1,16,64 (default 16; 8 quick)",
     )
-    parser.add_argument("--concurrency", type=int, help="concurrent streams (default 16; 8 quick)")
     parser.add_argument("--max-tokens", type=int, help="output tokens each (default 64; 32 quick)")
     parser.add_argument("--prompt-words", type=int, default=40, help="words per prompt")
     parser.add_argument("--quick", action="store_true", help="a smaller workload")
@@ -230,9 +282,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side, all rounds")
     parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
     args = parser.parse_args()
-    args.concurrency = args.concurrency or (8 if args.quick else 16)
+    args.concurrencies = args.concurrency or [8 if args.quick else 16]
+    if len(args.concurrencies) > 1 and (args.front == "http" or args.telemetry):
+        parser.error("--front http and --telemetry take one --concurrency")
+    if min(args.concurrencies) < 1:
+        parser.error("--concurrency must be at least 1")
+    args.concurrency = args.concurrencies[0]
     args.max_tokens = args.max_tokens or (32 if args.quick else 64)
-    for name in ("concurrency", "max_tokens", "rounds"):
+    for name in ("max_tokens", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args

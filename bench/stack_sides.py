@@ -89,6 +89,8 @@ def make_stack_workload(
 @dataclass(slots=True)
 class RequestTiming:
     submitted: float
+    queued: float = 0.0  # when the client read the run's queued event
+    prefill: float = 0.0  # and its prefill event: a worker took it
     first_token: float = 0.0
     finished: float = 0.0
     billed: float = 0.0
@@ -183,7 +185,11 @@ async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> Re
     )
     async with stream:
         async for event in stream:
-            if event.kind == "streaming" and event.token_ids and not timing.token_ids:
+            if event.kind == "queued":
+                timing.queued = time.perf_counter()
+            elif event.kind == "prefill":
+                timing.prefill = time.perf_counter()
+            elif event.kind == "streaming" and event.token_ids and not timing.token_ids:
                 timing.first_token = time.perf_counter()
             timing.token_ids.extend(event.token_ids if event.kind == "streaming" else ())
             timing.num_tokens = len(timing.token_ids)

