@@ -159,6 +159,9 @@ PARTS = {
     "admission": lambda t: t.queued - t.submitted,
     "queue": lambda t: t.prefill - t.queued,
     "engine": lambda t: t.first_token - t.prefill,
+    # Of `queue`, the time between the two events' stored times: the rest is the time the
+    # prefill event took to reach the client.
+    "stored queue": lambda t: t.stored_queue_wait,
 }
 
 

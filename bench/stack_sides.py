@@ -91,6 +91,9 @@ class RequestTiming:
     submitted: float
     queued: float = 0.0  # when the client read the run's queued event
     prefill: float = 0.0  # and its prefill event: a worker took it
+    # The seconds between those two events' own times (the services' clock): the part of
+    # queued -> prefill spent before the prefill event was stored.
+    stored_queue_wait: float = 0.0
     first_token: float = 0.0
     finished: float = 0.0
     billed: float = 0.0
@@ -184,11 +187,15 @@ async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> Re
         prompt, model=MODEL_NAME, max_tokens=max_tokens, temperature=0, ignore_eos=True
     )
     async with stream:
+        queued_at = None
         async for event in stream:
             if event.kind == "queued":
                 timing.queued = time.perf_counter()
+                queued_at = event.time
             elif event.kind == "prefill":
                 timing.prefill = time.perf_counter()
+                if queued_at is not None and event.time is not None:
+                    timing.stored_queue_wait = (event.time - queued_at).total_seconds()
             elif event.kind == "streaming" and event.token_ids and not timing.token_ids:
                 timing.first_token = time.perf_counter()
             timing.token_ids.extend(event.token_ids if event.kind == "streaming" else ())
