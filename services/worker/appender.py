@@ -188,7 +188,7 @@ class StepAppender:
             if finished:
                 self.runs.pop(run_id, None)
                 run_finished(run, ended[run_id])
-        if ended:
+        if any(finished for _, finished in stored.values()):
             self._runs_ended()
 
     def _refused(self, pending: dict[str, tuple[list[NewEvent], bool]], error: Exception) -> None:
