@@ -88,9 +88,9 @@ async def append_in(conn: AsyncConnection, append: Append) -> list[StoredEvent]:
 async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> list[StoredEvent]:
     """Appends to several runs inside the caller's transaction, each run's events in seq order.
 
-    Existing runs take three statements together, whatever their number: lock all
-    (in run id order, so two such appends cannot deadlock each other), update all,
-    insert all events. A new run adds one statement. The first refused append raises, and the
+    Existing runs take two statements together, whatever their number: lock all (in run
+    id order, so two such appends cannot deadlock each other), then update all and insert
+    all events. A new run adds one statement. The first refused append raises, and the
     caller's transaction then writes nothing.
     """
     if not appends or any(not append.events for append in appends):
@@ -106,9 +106,10 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
         if existing:
             locked = await _lock_runs(cursor, existing)
             updated = [apply_events(locked[a.run_id], a.events) for a in existing]
-            await _update_runs(cursor, updated)
             views.update((view.run_id, view) for view in updated)
-        return await _insert_events(cursor, [(views[a.run_id], a) for a in appends])
+        else:
+            updated = []
+        return await _insert_events(cursor, [(views[a.run_id], a) for a in appends], updated)
 
 
 _INSERT_RUN = """
@@ -170,17 +171,14 @@ async def _lock_runs(
     return views
 
 
+# The projection rows of runs that existed, as their appended events leave them.
 _UPDATE_RUNS = """
     UPDATE runs SET state = v.state, last_seq = v.last_seq, usage = v.usage::jsonb,
                     finish_reason = v.finish_reason, updated_at = clock_timestamp()
-    FROM json_to_recordset(%(rows)s::json)
+    FROM json_to_recordset(%(runs)s::json)
          AS v(run_id text, state text, last_seq bigint, usage json, finish_reason text)
     WHERE runs.run_id = v.run_id
 """
-
-
-async def _update_runs(cursor: AsyncCursor[dict[str, Any]], views: Sequence[RunView]) -> None:
-    await cursor.execute(_UPDATE_RUNS, {"rows": json.dumps([_projection(view) for view in views])})
 
 
 def _projection(view: RunView) -> dict[str, Any]:
@@ -198,9 +196,10 @@ def _projection(view: RunView) -> dict[str, Any]:
 NOTICE_MAX_BYTES = 7999
 
 # One round trip for any number of events of any number of runs: the events, their
-# outbox rows and one notice per run (identical for each of its rows, so sent once).
-_INSERT_EVENTS = """
-    WITH ev AS (
+# outbox rows and one notice per run (identical for each of its rows, so sent once); and
+# with `_UPDATE_RUNS` ahead of them, the projection rows of the runs that existed.
+_EVENTS = """
+    ev AS (
         INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
         SELECT t.run_id, t.seq, t.kind, t.tenant_id, t.payload::json, t.traceparent
         FROM json_to_recordset(%(rows)s::json)
@@ -225,12 +224,17 @@ _INSERT_EVENTS = """
     ) AS notified
     FROM ev JOIN notice USING (run_id)
 """
+_INSERT_EVENTS = "WITH " + _EVENTS
+_UPDATE_RUNS_AND_INSERT_EVENTS = f"WITH updated AS ({_UPDATE_RUNS}), {_EVENTS}"
 
 
 async def _insert_events(
-    cursor: AsyncCursor[dict[str, Any]], appends: Sequence[tuple[RunView, Append]]
+    cursor: AsyncCursor[dict[str, Any]],
+    appends: Sequence[tuple[RunView, Append]],
+    updated: Sequence[RunView],
 ) -> list[StoredEvent]:
-    """The appended events, in the order of `appends` and then of seq."""
+    """Inserts the events of `appends` and writes the projection rows of `updated`; the
+    appended events, in the order of `appends` and then of seq."""
     rows = [
         {"run_id": view.run_id, "seq": append.expected_seq + n, "kind": str(event.kind),
          "tenant_id": view.tenant_id, "payload": json.dumps(dict(event.payload)),
@@ -239,9 +243,10 @@ async def _insert_events(
         for n, event in enumerate(append.events, start=1)
     ]  # fmt: skip
     await cursor.execute(
-        _INSERT_EVENTS,
+        _UPDATE_RUNS_AND_INSERT_EVENTS if updated else _INSERT_EVENTS,
         {
             "rows": json.dumps(rows),
+            "runs": json.dumps([_projection(view) for view in updated]),
             "channel": EVENTS_CHANNEL,
             "notice_max": NOTICE_MAX_BYTES,
         },

@@ -12,7 +12,9 @@ depends on commit order matching id order.  Per-run order holds because the
 appends of one run serialize on its projection row, so a run's outbox ids
 increase in commit order, and the relay publishes in id order, keyed by run_id.
 Delivery is at least once: a crash after the broker's ack and before the
-delete publishes the batch again, and consumers dedupe by (run_id, seq).
+rows are marked publishes the batch again, and consumers dedupe by (run_id, seq). A
+batch's marks are written by the statement that fetches the next batch, so a pass costs
+one round trip to the database; the relay writes what it holds when it stops leading.
 
 An event the producer, the broker or the encoder refuses for itself (too large, not
 encodable) would be refused again on every pass, and hold up every event behind it:
@@ -28,8 +30,9 @@ the broker lost them: the relay makes the topic again with its partitions (unles
 client's request made it meanwhile with the broker's default count: that one is kept) and
 publishes every kept row again, in order. Consumers dedupe by (run_id, seq) as for any redelivery.
 
-The same outbox carries the admin audit events (services/core/admin_outbox.py): each pass
-publishes them to `admin_topic` after the run events.
+The same outbox carries the admin audit events (services/core/admin_outbox.py): a pass
+that follows a notice of one (or the broker check, as a safety net) publishes them to
+`admin_topic` after the run events.
 """
 
 from __future__ import annotations
@@ -170,6 +173,10 @@ class OutboxRelay:
         self.watch_interval = watch_interval
         self.acks = LostLog()
         self.log_went_back = False
+        # Rows acknowledged and not yet marked: the next fetch marks them.
+        self._unmarked: dict[int, Placed] = {}
+        # Whether admin events may be waiting (one was notified, or none was looked for).
+        self._admin_due = True
 
     @classmethod
     def from_settings(cls, db: Database, settings: CommonSettings) -> OutboxRelay:
@@ -194,6 +201,8 @@ class OutboxRelay:
         await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
         await conn.execute(f"LISTEN {ADMIN_EVENTS_CHANNEL}")
         await create_topic(self.bootstrap, self.admin_topic, self.partitions)
+        self._unmarked.clear()
+        self._admin_due = True
         async with (
             Publisher(self.bootstrap, self.topic) as publisher,
             TopicWatch(self.bootstrap, self.topic) as watch,
@@ -201,22 +210,33 @@ class OutboxRelay:
             self.acks = LostLog(await _highest_offsets(conn))
             await self.check_broker(conn, watch)
             log.info("relay leading", topic=self.topic)
-            loop = asyncio.get_running_loop()
-            watched = pruned = loop.time()
-            while True:
-                stop_if_cancelled()
-                published = await self.publish_once(conn, publisher)
+            try:
+                await self._publish_until_cancelled(conn, publisher, watch)
+            finally:
+                await self._write_marks(conn)
+
+    async def _publish_until_cancelled(
+        self, conn: psycopg.AsyncConnection, publisher: Publisher, watch: TopicWatch
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        watched = pruned = loop.time()
+        while True:
+            stop_if_cancelled()
+            published = await self.publish_once(conn, publisher)
+            if self._admin_due:
+                self._admin_due = False
                 published = max(published, await self.publish_admin_once(conn, publisher))
-                if self.log_went_back:
-                    await self.republish(conn, watch, "an acknowledgement went back")
-                if loop.time() - watched >= self.watch_interval:
-                    await self.check_broker(conn, watch)
-                    watched = loop.time()
-                if loop.time() - pruned >= PRUNE_INTERVAL:
-                    await self.prune(conn)
-                    pruned = loop.time()
-                if published < self.batch_size:
-                    await self._wait_for_notify(conn)
+            if self.log_went_back:
+                await self.republish(conn, watch, "an acknowledgement went back")
+            if loop.time() - watched >= self.watch_interval:
+                await self.check_broker(conn, watch)
+                self._admin_due = True  # in case a notice was missed
+                watched = loop.time()
+            if loop.time() - pruned >= PRUNE_INTERVAL:
+                await self.prune(conn)
+                pruned = loop.time()
+            if published < self.batch_size:
+                await self._wait_for_notify(conn)
 
     async def check_broker(self, conn: psycopg.AsyncConnection, watch: TopicWatch) -> None:
         """Publishes every kept row again when the broker no longer holds what it acked."""
@@ -237,8 +257,11 @@ class OutboxRelay:
                 expected=self.partitions,
             )
         await create_topic(self.bootstrap, self.admin_topic, self.partitions)
+        # Marks not written yet are of records the broker lost with the rest.
+        self._unmarked.clear()
         cursor = await conn.execute(_REPUBLISH)
         self.acks.forget()
+        self._admin_due = True
         self.log_went_back = False
         REPUBLISHED.inc(cursor.rowcount)
         log.warning(
@@ -254,11 +277,11 @@ class OutboxRelay:
     async def _wait_for_notify(self, conn: psycopg.AsyncConnection) -> None:
         # Wakes on the first commit that appended events, or after
         # poll_interval as a safety net; both lead to a fresh query.
-        async for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
-            pass
+        async for notify in conn.notifies(timeout=self.poll_interval, stop_after=1):
+            self._admin_due |= notify.channel == ADMIN_EVENTS_CHANNEL
         # Notifications that arrived meanwhile are all covered by the next query.
-        async for _ in conn.notifies(timeout=0, stop_after=10_000):
-            pass
+        async for notify in conn.notifies(timeout=0, stop_after=10_000):
+            self._admin_due |= notify.channel == ADMIN_EVENTS_CHANNEL
 
     async def publish_once(self, conn: psycopg.AsyncConnection, publisher: Publisher) -> int:
         """Publishes one batch of unpublished events; returns how many.
@@ -278,7 +301,7 @@ class OutboxRelay:
             outbox_ids[a.event.run_id, a.event.seq]: Placed(a.partition, a.offset)
             for a in result.acked
         }
-        await self.mark_published(conn, published)
+        self.mark_published(published)
         for acked in result.acked:
             self.log_went_back |= self.acks.acked(acked.partition, acked.offset)
         self.refusals.forget(published)
@@ -294,7 +317,7 @@ class OutboxRelay:
         if not batch:
             return 0
         placed, refused = await publish_admin_batch(publisher, self.admin_topic, batch)
-        await self.mark_published(conn, placed)
+        self.mark_published(placed)
         self.refusals.forget(placed)
         await drop_refused(conn, {i: e for i, e in refused.items() if self.refusals.refused(i)})
         return len(batch)
@@ -302,27 +325,42 @@ class OutboxRelay:
     async def _fetch_batch(
         self, conn: psycopg.AsyncConnection
     ) -> tuple[list[int], list[StoredEvent]]:
+        """The next batch of unpublished run events, with their outbox ids; the statement
+        also marks the rows acknowledged since the last one (left out of the batch, which
+        it reads as of before its own marks)."""
+        marks = self._take_marks()
         async with conn.cursor(row_factory=dict_row) as cursor:
-            await cursor.execute(_FETCH_BATCH, (self.batch_size,))
+            await cursor.execute(self._marking(_FETCH_BATCH), {**marks, "limit": self.batch_size})
             rows = await cursor.fetchall()
         return [row["outbox_id"] for row in rows], [event_from_row(row) for row in rows]
 
-    async def mark_published(
-        self, conn: psycopg.AsyncConnection, acked: Mapping[int, Placed]
-    ) -> None:
-        """Keeps the rows (by id) of `acked` for the window with where the broker put them,
-        or drops them at once without a window."""
-        if not self.republish_window:
-            await _delete(conn, list(acked))
+    def mark_published(self, acked: Mapping[int, Placed]) -> None:
+        """Notes the rows (by id) of `acked` as published, where the broker put them: the
+        next fetch (or `_write_marks`) keeps them for the window with that, or drops them
+        at once without a window."""
+        self._unmarked.update(acked)
+
+    async def _write_marks(self, conn: psycopg.AsyncConnection) -> None:
+        """Writes the marks not written yet, as the relay stops leading; a connection
+        gone with the lock leaves them to be published again by the next leader."""
+        if not self._unmarked:
             return
-        await conn.execute(
-            _MARK_PUBLISHED,
-            (
-                list(acked),
-                [a.partition for a in acked.values()],
-                [a.offset for a in acked.values()],
-            ),
-        )
+        try:
+            await conn.execute(self._marking("SELECT 1"), self._take_marks())
+        except (psycopg.Error, OSError) as error:
+            log.warning("relay marks not written", error=repr(error))
+
+    def _take_marks(self) -> dict[str, list[int]]:
+        marks, self._unmarked = self._unmarked, {}
+        return {
+            "ids": list(marks),
+            "partitions": [placed.partition for placed in marks.values()],
+            "offsets": [placed.offset for placed in marks.values()],
+        }
+
+    def _marking(self, statement: str) -> str:
+        """`statement` preceded by the marks of the rows `%(ids)s`."""
+        return (_MARK if self.republish_window else _DROP_MARKED) + statement
 
     async def set_aside(
         self, conn: psycopg.AsyncConnection, refused: Mapping[int, Refused]
@@ -365,19 +403,27 @@ _SET_ASIDE = """
     SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[])
 """
 
+# The marks of the rows acknowledged since the last statement, ahead of the next one:
+# kept for the window with where the broker put them, or dropped at once without one.
+_MARK = """
+    WITH marked AS (
+        UPDATE outbox SET published_at = clock_timestamp(), kafka_partition = d.partition,
+                          kafka_offset = d.kafka_offset
+        FROM unnest(%(ids)s::bigint[], %(partitions)s::int[], %(offsets)s::bigint[])
+             AS d(id, partition, kafka_offset)
+        WHERE outbox.id = d.id
+    )
+"""
+_DROP_MARKED = """
+    WITH marked AS (DELETE FROM outbox WHERE id = ANY(%(ids)s::bigint[]))
+"""
 _FETCH_BATCH = """
     SELECT o.id AS outbox_id, e.run_id, e.seq, e.kind, e.tenant_id, e.payload, e.traceparent,
            e.created_at
     FROM outbox o JOIN run_events e ON e.run_id = o.run_id AND e.seq = o.seq
-    WHERE o.published_at IS NULL
+    WHERE o.published_at IS NULL AND o.id <> ALL(%(ids)s::bigint[])
     ORDER BY o.id
-    LIMIT %s
-"""
-_MARK_PUBLISHED = """
-    UPDATE outbox SET published_at = clock_timestamp(), kafka_partition = d.partition,
-                      kafka_offset = d.kafka_offset
-    FROM unnest(%s::bigint[], %s::int[], %s::bigint[]) AS d(id, partition, kafka_offset)
-    WHERE outbox.id = d.id
+    LIMIT %(limit)s
 """
 _REPUBLISH = """
     UPDATE outbox SET published_at = NULL, kafka_partition = NULL, kafka_offset = NULL

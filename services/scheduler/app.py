@@ -120,7 +120,7 @@ class SchedulerApp:
         )
         self.trigger = EventTrigger(
             settings.common.kafka_bootstrap,
-            on_queued=self.intake.take,
+            on_queued=self.intake.take_events,
             on_ended=self.state.forget,
             topic=settings.common.topic,
             session_timeout_ms=settings.kafka_session_timeout_ms,

@@ -49,6 +49,18 @@ class Intake:
             self.state.take_back(run)
         return sum(self.state.enqueue(run) for run in runs)
 
+    async def take_events(self, events: Collection[StoredEvent]) -> int:
+        """`take` for the runs of `queued` events that may bring a run to the queue: one
+        not known here, or one assigned at an earlier seq (handed back). A run's first
+        `queued` event, which admission's hint brought already, costs no query."""
+        return await self.take([event.run_id for event in events if self._may_queue(event)])
+
+    def _may_queue(self, event: StoredEvent) -> bool:
+        if not self.state.knows(event.run_id):
+            return True
+        assignment = self.state.assignments.get(event.run_id)
+        return assignment is not None and event.seq > assignment.last_seq
+
     async def scan(self) -> int:
         """Brings the queue in line with the projection; returns how many runs were added."""
         queued_before = set(self.state.queued)
@@ -67,7 +79,7 @@ class EventTrigger:
         self,
         bootstrap: str,
         *,
-        on_queued: Callable[[Collection[str]], Awaitable[object]],
+        on_queued: Callable[[list[StoredEvent]], Awaitable[object]],
         on_ended: Callable[[str], None],
         topic: str = RUN_EVENTS_TOPIC,
         session_timeout_ms: int = 10_000,
@@ -115,10 +127,10 @@ class EventTrigger:
                 await self._apply(events)
 
     async def _apply(self, events: list[StoredEvent]) -> None:
-        queued: list[str] = []
+        queued: list[StoredEvent] = []
         for event in events:
             if event.kind == RunState.QUEUED:
-                queued.append(event.run_id)
+                queued.append(event)
             elif is_ended(event.kind):
                 self.on_ended(event.run_id)
         if queued:

@@ -1,25 +1,25 @@
 """A relay process that stops dead after the broker acknowledges its first batch.
 
 Run as `python -m tests.services.core.relay_proc DATABASE_URL BOOTSTRAP TOPIC`;
-it prints `acked N` once a batch of N events is acknowledged, and then waits
-(never marking the batch published) until it is killed.
+it prints `acked N` once a batch of N events is acknowledged, and then stops its event
+loop dead (never marking the batch published) until it is killed.
 """
 
 import asyncio
 import sys
-from collections.abc import Sequence
-
-import psycopg
+import threading
+from collections.abc import Mapping
 
 from services.core.db import open_db
+from services.core.kafka import Placed
 from services.core.relay import OutboxRelay
 from services.core.telemetry import configure_logging
 
 
 class StallingRelay(OutboxRelay):
-    async def mark_published(self, conn: psycopg.AsyncConnection, ids: Sequence[int]) -> None:
-        print(f"acked {len(ids)}", flush=True)
-        await asyncio.Event().wait()
+    def mark_published(self, acked: Mapping[int, Placed]) -> None:
+        print(f"acked {len(acked)}", flush=True)
+        threading.Event().wait()
 
 
 async def main(database_url: str, bootstrap: str, topic: str) -> None:

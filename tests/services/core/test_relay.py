@@ -84,6 +84,39 @@ async def test_notify_wakes_the_relay_without_polling(
         assert time.monotonic() - started < 5
 
 
+async def outbox_marks(db: Database, run_ids: list[str]) -> dict[tuple[str, int], int | None]:
+    """The kafka offset each run event's outbox row is marked with (None: not marked)."""
+    async with db.connect() as conn:
+        rows = await conn.execute(
+            sa.text(
+                "SELECT run_id, seq, published_at IS NOT NULL AS marked, kafka_offset"
+                " FROM outbox WHERE run_id = ANY(:run_ids)"
+            ),
+            {"run_ids": run_ids},
+        )
+        return {(r.run_id, r.seq): r.kafka_offset if r.marked else None for r in rows}
+
+
+async def test_a_batch_is_marked_by_the_next_fetch_and_when_the_relay_stops(
+    store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    relay = OutboxRelay(db, kafka_bootstrap, topic=kafka_topic, poll_interval=60)
+    before = num_published()
+    first = await start_run(store)
+    async with running(relay):
+        await wait_for(lambda: num_published() >= before + 1)
+        # Acknowledged; its mark waits for the relay's next statement.
+        assert await outbox_marks(db, [first]) == {(first, 1): None}
+        second = await start_run(store)
+        await wait_for(lambda: num_published() >= before + 2)
+        marks = await outbox_marks(db, [first, second])
+        assert marks[first, 1] is not None and marks[second, 1] is None
+        records = await read_topic(kafka_bootstrap, kafka_topic, min_records=2)
+    offsets = {ids: record.offset for ids, record in zip(ids_of(records), records, strict=True)}
+    # Stopping wrote the last batch's mark: each row holds where the broker put it.
+    assert await outbox_marks(db, [first, second]) == offsets
+
+
 async def test_late_committing_transaction_is_not_skipped(
     store: EventStore, db: Database, kafka_bootstrap: str, kafka_topic: str
 ) -> None:

@@ -2,10 +2,12 @@
 broker)."""
 
 from collections.abc import Collection
+from datetime import UTC, datetime
 
+from services.core.runs import RunState, StoredEvent
 from services.scheduler.fair_queue import QueueClass
 from services.scheduler.intake import Intake
-from services.scheduler.records import QueuedRun
+from services.scheduler.records import Assignment, QueuedRun
 from services.scheduler.state import SchedulerState
 from services.scheduler.workers import WorkerRegistry, WorkerReport
 
@@ -30,6 +32,26 @@ async def test_a_late_queued_event_of_an_ended_run_costs_no_query() -> None:
     taken = await Intake(state, repository).take(["run_ended", "run_new"])  # type: ignore[arg-type]
     assert taken == 0
     assert repository.asked == [["run_new"]]
+
+
+def queued_event(run_id: str, seq: int) -> StoredEvent:
+    return StoredEvent(run_id, seq, RunState.QUEUED, "t", {}, datetime.now(UTC))
+
+
+async def test_only_a_queued_event_that_may_bring_a_run_back_costs_a_query() -> None:
+    state = SchedulerState(WorkerRegistry())
+    repository = RecordingRepository()
+    state.enqueue(queued("waiting", QueueClass.INTERACTIVE, 1))
+    for run_id in ("assigned", "handed_back"):
+        state.settle(run_id, Assignment(run_id, "t", "w1", 1, 0.0, last_seq=1))
+    events = [
+        queued_event("waiting", 1),
+        queued_event("assigned", 1),  # its first event, behind admission's hint
+        queued_event("handed_back", 3),  # queued again after its lease
+        queued_event("unknown", 1),
+    ]
+    assert await Intake(state, repository).take_events(events) == 0  # type: ignore[arg-type]
+    assert repository.asked == [["handed_back", "unknown"]]
 
 
 def test_only_the_latest_ends_are_remembered() -> None:
