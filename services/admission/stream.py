@@ -24,7 +24,7 @@ import psycopg
 import structlog
 from psycopg.conninfo import make_conninfo
 
-from services.core.db import EVENTS_CHANNEL, libpq_url
+from services.core.db import EVENTS_CHANNEL, KEEPALIVES, libpq_url
 from services.core.eventstore import EventStore, parse_notice
 from services.core.loop import within
 from services.core.runs import RunState, StoredEvent
@@ -35,18 +35,12 @@ log = structlog.get_logger(__name__)
 Notice = list[StoredEvent] | None
 MAX_PENDING_NOTICES = 64
 
-# A listening connection that went half-open would otherwise wait forever, and
-# the streams would fall back to polling: TCP keepalives find it within a minute.
-KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-}
-
 
 class RunFeed:
-    """Hands each committed append's events to the subscribers of its run."""
+    """Hands each committed append's events to the subscribers of its run.
+
+    Its listening connection has TCP keepalives (`KEEPALIVES`): gone half-open, it would
+    otherwise wait forever, and the streams would fall back to polling."""
 
     def __init__(
         self,

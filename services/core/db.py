@@ -16,6 +16,15 @@ EVENTS_CHANNEL = "tollgate_run_events"
 # Notified in the transaction that records an admin event, to wake the outbox relay.
 ADMIN_EVENTS_CHANNEL = "tollgate_admin_events"
 
+# For a connection that waits for the server (a LISTEN, a lock): one gone half-open would
+# otherwise wait forever; TCP keepalives find it within a minute.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
 # SQLAlchemy names its pool an engine; here the engine is the model's.
 Database = AsyncEngine
 

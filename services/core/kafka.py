@@ -240,6 +240,8 @@ class EventConsumer:
         self.topic = topic
         self.group_id = group_id
         self.kinds = frozenset(kinds) if kinds is not None else None
+        # The `ce_type` headers of those kinds: records of other kinds stay unparsed.
+        self._types = {ce_type(kind).encode() for kind in kinds} if kinds is not None else None
         self.auto_offset_reset = auto_offset_reset
         self.auto_commit = auto_commit
         self.session_timeout_ms = session_timeout_ms
@@ -311,11 +313,17 @@ class EventConsumer:
     def decode(self, records: Sequence[ConsumerRecord]) -> list[StoredEvent]:
         """The events of `records` whose kind is one of `kinds`.
 
-        A record that is no run event is skipped, logged and counted: read again, it
-        would fail again, and hold up every record behind it. Its offset is committed
-        with the others'."""
+        A record whose `ce_type` header names another kind is passed over unparsed. A
+        record that is no run event is skipped, logged and counted: read again, it would
+        fail again, and hold up every record behind it. Its offset is committed with the
+        others'."""
         events = []
         for record in records:
+            if self._types is not None and _header(record.headers, "ce_type") not in (
+                None,
+                *self._types,
+            ):
+                continue
             try:
                 message = events_pb2.RunEvent.FromString(record.value)
                 # Other kinds are left undecoded: a consumer of a few kinds reads many records.
@@ -360,11 +368,16 @@ class _Assignment(ConsumerRebalanceListener):  # type: ignore[misc]
         self.assigned.set()
 
 
-def _traceparent(headers: Sequence[tuple[str, bytes | None]]) -> str:
+def _header(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
     for key, value in headers:
-        if key == "ce_traceparent" and value:
-            return value.decode()
-    return ""
+        if key == name:
+            return value
+    return None
+
+
+def _traceparent(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    value = _header(headers, "ce_traceparent")
+    return value.decode() if value else ""
 
 
 def ce_type(kind: RunState) -> str:

@@ -1,8 +1,8 @@
 """One leader among replicas: the holder of a PostgreSQL session advisory lock.
 
 The lock lives as long as the session that took it.  When the leader's process dies
-its connection closes, PostgreSQL releases the lock, and a waiting replica takes it
-within `takeover_interval`.  The session asks the server to notice a silent peer
+its connection closes, PostgreSQL releases the lock, and the server hands it at once to
+a waiting replica, whose request for it waits in the server (no polling).  The session asks the server to notice a silent peer
 (keepalives, a TCP user timeout), so a leader cut off by the network loses the lock
 too, after about `SESSION_TIMEOUT_S`.
 
@@ -16,12 +16,14 @@ next query fails instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import psycopg
 import structlog
+from psycopg.conninfo import make_conninfo
 
-from services.core.db import Database, libpq_url
+from services.core.db import KEEPALIVES, Database, libpq_url
 from services.core.loop import stop_if_cancelled, within
 
 log = structlog.get_logger(__name__)
@@ -31,6 +33,9 @@ Lead = Callable[[psycopg.AsyncConnection], Awaitable[None]]
 
 # How long the server waits on a silent leader's session before it ends it.
 SESSION_TIMEOUT_S = 6
+# How long a replica waits in the server for the lock before it asks again: its session
+# may have ended without its knowing (the server ends silent sessions).
+LOCK_WAIT_S = 30.0
 _BOUND_SESSION = (
     "SET tcp_keepalives_idle = 2",
     "SET tcp_keepalives_interval = 1",
@@ -52,7 +57,9 @@ class Leadership:
         check_interval: float | None = None,
         check_timeout: float = 2.0,
     ) -> None:
-        self.conninfo = libpq_url(db.url.render_as_string(hide_password=False))
+        self.conninfo = make_conninfo(
+            libpq_url(db.url.render_as_string(hide_password=False)), **KEEPALIVES
+        )
         self.lock_key = lock_key
         self.name = name
         self.takeover_interval = takeover_interval
@@ -88,7 +95,14 @@ class Leadership:
             self.decided.set()
             if row and row[0]:
                 return
-            await asyncio.sleep(self.takeover_interval)
+            # Granted the moment the holder's session ends. A wait cut short is cancelled
+            # in the server too; one granted as it was cut short leaves the lock held, and
+            # the next try takes it again (a session may hold it several times).
+            with contextlib.suppress(TimeoutError):
+                await within(
+                    conn.execute("SELECT pg_advisory_lock(%s)", (self.lock_key,)), LOCK_WAIT_S
+                )
+                return
 
     async def _hold(self, conn: psycopg.AsyncConnection, lead: Lead) -> None:
         log.info("leading", lock=self.name)

@@ -115,11 +115,12 @@ class EventTrigger:
             auto_offset_reset="latest",
             auto_commit=True,
             session_timeout_ms=self.session_timeout_ms,
-            # Admission's hint brings new runs at once; this trigger is for the runs whose
-            # hint was lost. Brokers that answer an empty fetch only when this wait is
-            # over (the embedded one) are asked 10 times a second, not 50: each empty
-            # round costs the scheduler CPU, idle stack or not (bench/RESULTS.md).
-            fetch_max_wait_ms=100,
+            # Admission's hint brings new runs at once, and a worker's heartbeat its free
+            # blocks; this trigger is for the runs whose hint was lost and for ending
+            # assignments. Brokers that answer an empty fetch only when this wait is over
+            # (the embedded one) are asked twice a second, not 50 times: each empty round
+            # costs the scheduler and the broker CPU, idle stack or not (bench/RESULTS.md).
+            fetch_max_wait_ms=500,
             assigned=self.ready,
         )
         async with consumer:

@@ -1,10 +1,15 @@
 """The bus adapter on the real broker: what is published is read back as it was stored."""
 
 import asyncio
+import dataclasses
 import uuid
 from datetime import UTC, datetime
 
-from services.core.kafka import EventConsumer, Publisher
+from aiokafka import ConsumerRecord
+from prometheus_client import REGISTRY
+
+from services.core.codec import to_proto
+from services.core.kafka import EventConsumer, Publisher, cloudevent_headers
 from services.core.runs import RunState, StoredEvent
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
@@ -62,3 +67,33 @@ async def test_commit_covers_what_was_read_and_a_new_member_goes_on_from_there(
 
     assert await read_one_run(first) == first
     assert await read_one_run(second) == second
+
+
+def record(value: bytes, headers: list[tuple[str, bytes]], offset: int = 0) -> ConsumerRecord:
+    return ConsumerRecord(
+        "topic", 0, offset, 0, 0, b"k", value, None, 1, len(value), tuple(headers)
+    )
+
+
+def skipped(group: str) -> float:
+    sample = REGISTRY.get_sample_value("tollgate_kafka_records_skipped_total", {"group": group})
+    return sample or 0.0
+
+
+def test_records_of_other_kinds_are_passed_over_by_their_header_unparsed() -> None:
+    queued, _, streaming, _ = run_events("run_a")
+    consumer = EventConsumer("unused:0", "topic", group_id="test-decode", kinds={RunState.QUEUED})
+    streaming_headers = cloudevent_headers(streaming)
+    records = [
+        record(to_proto(queued).SerializeToString(), cloudevent_headers(queued)),
+        # Not a protobuf at all, but its header names a kind this consumer does not read.
+        record(b"not a run event", streaming_headers),
+        # No header to tell: the value does.
+        record(to_proto(queued).SerializeToString(), []),
+        record(to_proto(streaming).SerializeToString(), []),
+        # Its header names a kind read here, so it is parsed, fails, and is counted.
+        record(b"not a run event", cloudevent_headers(queued)),
+    ]
+    before = skipped("test-decode")
+    assert consumer.decode(records) == [queued, dataclasses.replace(queued, traceparent="")]
+    assert skipped("test-decode") == before + 1
