@@ -78,6 +78,9 @@ class Append:
     new_run: NewRun | None = None
     lease_epoch: int | None = None
     traceparent: str = ""
+    # The run's projection row as the caller's transaction read it, locked (`FOR UPDATE`):
+    # the append then takes no lock of its own.
+    locked: RunView | None = None
 
 
 async def append_in(conn: AsyncConnection, append: Append) -> list[StoredEvent]:
@@ -89,8 +92,9 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
     """Appends to several runs inside the caller's transaction, each run's events in seq order.
 
     Existing runs take two statements together, whatever their number: lock all (in run
-    id order, so two such appends cannot deadlock each other), then update all and insert
-    all events. A new run adds one statement. The first refused append raises, and the
+    id order, so two such appends cannot deadlock each other; but those whose row the
+    caller locked already), then update all and insert all events. A new run adds one
+    statement. The first refused append raises, and the
     caller's transaction then writes nothing.
     """
     if not appends or any(not append.events for append in appends):
@@ -104,7 +108,11 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
                 views[append.run_id] = await _insert_run(cursor, append)
         existing = [append for append in appends if append.expected_seq != 0]
         if existing:
-            locked = await _lock_runs(cursor, existing)
+            to_lock = [append for append in existing if append.locked is None]
+            locked = await _lock_runs(cursor, to_lock) if to_lock else {}
+            for append in existing:
+                if append.locked is not None:
+                    locked[append.run_id] = _checked(append, append.locked)
             updated = [apply_events(locked[a.run_id], a.events) for a in existing]
             views.update((view.run_id, view) for view in updated)
         else:
@@ -164,11 +172,17 @@ async def _lock_runs(
         view = views.get(append.run_id)
         if view is None:
             raise RunNotFound(append.run_id)
-        if view.last_seq != append.expected_seq:
-            raise ConcurrencyConflict(append.run_id, append.expected_seq, view.last_seq)
-        if append.lease_epoch is not None and append.lease_epoch != view.lease_epoch:
-            raise StaleLease(append.run_id, append.lease_epoch, view.lease_epoch)
+        _checked(append, view)
     return views
+
+
+def _checked(append: Append, view: RunView) -> RunView:
+    """`view`, the run's locked row, once `append` is checked against it."""
+    if view.last_seq != append.expected_seq:
+        raise ConcurrencyConflict(append.run_id, append.expected_seq, view.last_seq)
+    if append.lease_epoch is not None and append.lease_epoch != view.lease_epoch:
+        raise StaleLease(append.run_id, append.lease_epoch, view.lease_epoch)
+    return view
 
 
 # The projection rows of runs that existed, as their appended events leave them.

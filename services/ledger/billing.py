@@ -100,6 +100,7 @@ async def _bill(conn: AsyncConnection, view: RunView, prices: PriceTable) -> Bil
             view.last_seq,
             [NewEvent(RunState.BILLED, payload)],
             traceparent=current_traceparent(),
+            locked=view,
         ),
     )
     return Bill(

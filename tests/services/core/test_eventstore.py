@@ -3,6 +3,7 @@ import asyncio
 import psycopg
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.db import EVENTS_CHANNEL, Database, libpq_url
 from services.core.eventstore import (
@@ -12,9 +13,11 @@ from services.core.eventstore import (
     IdempotencyKeyTaken,
     RunNotFound,
     StaleLease,
+    append_in,
     parse_notice,
+    view_from_row,
 )
-from services.core.runs import IllegalTransition, NewEvent, NewRun, RunState
+from services.core.runs import IllegalTransition, NewEvent, NewRun, RunState, RunView
 from tests.services.core.events import new_run_id, seqs, start_run, streaming
 
 S = RunState
@@ -116,6 +119,31 @@ async def test_stale_lease_epoch_is_rejected(store: EventStore) -> None:
     await store.append(run_id, 1, [NewEvent(S.PREFILL)], lease_epoch=new)
     run = await store.get_run(run_id)
     assert run is not None and run.owner == "worker-b" and run.last_seq == 2
+
+
+async def test_an_append_to_a_row_the_caller_locked_is_checked_against_that_row(
+    store: EventStore, db: Database
+) -> None:
+    run_id = await start_run(store)
+    async with db.begin() as conn:
+        locked = await store_row_locked(conn, run_id)
+        with pytest.raises(ConcurrencyConflict):
+            await append_in(conn, Append(run_id, 2, [NewEvent(S.PREFILL)], locked=locked))
+    async with db.begin() as conn:
+        locked = await store_row_locked(conn, run_id)
+        [prefill] = await append_in(conn, Append(run_id, 1, [NewEvent(S.PREFILL)], locked=locked))
+    assert prefill.seq == 2
+    run = await store.get_run(run_id)
+    assert run is not None and run.state == S.PREFILL and run.last_seq == 2
+
+
+async def store_row_locked(conn: AsyncConnection, run_id: str) -> RunView:
+    row = (
+        await conn.execute(
+            sa.text("SELECT * FROM runs WHERE run_id = :r FOR UPDATE"), {"r": run_id}
+        )
+    ).one()
+    return view_from_row(row._mapping)
 
 
 async def test_append_batch_is_all_or_nothing(store: EventStore) -> None:
