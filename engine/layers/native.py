@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 
 from engine.layers.native_calls import (
+    ACTIVATION_BLOCK,
+    GROUP_DEPTH,
     PANEL_WIDTH,
     DecodeKernel,
     GemmKernel,
@@ -48,6 +50,7 @@ from engine.layers.native_calls import (
 from engine.user_cache import user_cache
 
 __all__ = [
+    "ACTIVATION_BLOCK",
     "DecodeKernel",
     "GemmKernel",
     "Kernels",
@@ -60,7 +63,9 @@ __all__ = [
     "for_tensors",
     "gemm",
     "kernels",
+    "integer_panel_rows",
     "load",
+    "pack_integer_panels",
     "pack_panels",
     "paged_decode",
     "prefill_attention",
@@ -158,6 +163,26 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     padded = weight.new_zeros(num_panels * PANEL_WIDTH, in_features)
     padded[:out_features] = weight
     return padded.view(num_panels, PANEL_WIDTH, in_features).transpose(1, 2).contiguous()
+
+
+def pack_integer_panels(rows: torch.Tensor) -> torch.Tensor:
+    """int8 rows [N, K] (K a multiple of 32) -> uint8 panels [ceil(N / 16), K / 4, 16, 4] for
+    `gemm` with integer dot products: panels[p, g, j, i] = rows[16p + j, 4g + i] + 128, rows
+    past N zero (128)."""
+    out_features, in_features = rows.shape
+    if in_features % ACTIVATION_BLOCK:
+        raise ValueError(f"integer panels need a depth that is a multiple of {ACTIVATION_BLOCK}")
+    num_panels = -(-out_features // PANEL_WIDTH)
+    padded = torch.full((num_panels * PANEL_WIDTH, in_features), 128, dtype=torch.uint8)
+    padded[:out_features] = (rows.to(torch.int16) + 128).to(torch.uint8)
+    grouped = padded.view(num_panels, PANEL_WIDTH, in_features // GROUP_DEPTH, GROUP_DEPTH)
+    return grouped.transpose(1, 2).contiguous()
+
+
+def integer_panel_rows(panels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The int8 rows of W with indices `rows` [n], read out of its integer panels: [n, K]."""
+    picked = panels[rows // PANEL_WIDTH, :, rows % PANEL_WIDTH, :]  # [n, K / 4, 4]
+    return (picked.reshape(len(rows), -1).to(torch.int16) - 128).to(torch.int8)
 
 
 def kernels() -> Kernels | None:

@@ -59,6 +59,12 @@ SiluMulKernel = Callable[[torch.Tensor], torch.Tensor]
 PANEL_WIDTH = 16
 
 
+# Depths per group of the integer panels (`vpdpbusd` multiplies 4 bytes per output), and
+# per scale of the activations they multiply: their depth is a multiple of the latter.
+GROUP_DEPTH = 4
+ACTIVATION_BLOCK = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     paged_decode: DecodeKernel
@@ -67,9 +73,13 @@ class Kernels:
     rms_norm: RmsNormKernel
     rotary: RotaryKernel
     silu_mul: SiluMulKernel
+    # Whether `gemm` multiplies integer panels (`pack_integer_panels`): int8 weights by
+    # 8-bit activations, with the CPU's integer dot products.
+    integer_panels: bool = False
 
 
 def bind(library: ctypes.CDLL) -> Kernels:
+    library.tollgate_has_w8a8.restype = ctypes.c_int
     return Kernels(
         _decode_kernel(library),
         _prefill_kernel(library),
@@ -77,6 +87,7 @@ def bind(library: ctypes.CDLL) -> Kernels:
         _rms_norm_kernel(library),
         _rotary_kernel(library),
         _silu_mul_kernel(library),
+        integer_panels=bool(library.tollgate_has_w8a8()),
     )
 
 
@@ -218,11 +229,16 @@ def _is_kv_cache(kv_cache: torch.Tensor, dim: int) -> bool:
 
 
 def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
-    dense, int8 = library.tollgate_gemm, library.tollgate_gemm_int8
+    dense, int8, w8a8 = (
+        library.tollgate_gemm,
+        library.tollgate_gemm_int8,
+        library.tollgate_gemm_w8a8,
+    )
     dense.restype = int8.restype = None
+    w8a8.restype = ctypes.c_int
     dense.argtypes = _GEMM_SIGNATURE
     # x, panels, scale, bias, y, then M, N, K and threads.
-    int8.argtypes = [ctypes.c_void_p, *_GEMM_SIGNATURE]
+    int8.argtypes = w8a8.argtypes = [ctypes.c_void_p, *_GEMM_SIGNATURE]
 
     def gemm(
         x: torch.Tensor,
@@ -232,16 +248,24 @@ def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
         scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: [M, K] float32, panels: [ceil(N / 16), K, 16] (`pack_panels`) float32, or
-        int8 with `scale` [N] float32, bias: [N] or None -> x @ W^T + bias: [M, N], where
-        W = panels' rows (times `scale`, per output feature)."""
-        in_features = panels.shape[1]
-        quantized = panels.dtype == torch.int8
+        int8 with `scale` [N] float32, or integer panels [ceil(N / 16), K / 4, 16, 4]
+        (`pack_integer_panels`) uint8 with `scale`, bias: [N] or None -> x @ W^T + bias:
+        [M, N], where W = panels' rows (times `scale`, per output feature). Integer panels
+        multiply x quantized to 8 bits, one scale per block of 32 of a row's values."""
+        integer = panels.dtype == torch.uint8
+        in_features = panels.shape[1] * (GROUP_DEPTH if integer else 1)
+        if integer and in_features % ACTIVATION_BLOCK:
+            raise ValueError(
+                f"gemm: integer panels need a depth that is a multiple of {ACTIVATION_BLOCK}"
+            )
+        quantized = panels.dtype in (torch.int8, torch.uint8)
+        shape = (-(-out_features // PANEL_WIDTH), panels.shape[1], PANEL_WIDTH)
         if (
             x.dtype != torch.float32
-            or panels.dtype not in (torch.float32, torch.int8)
+            or panels.dtype not in (torch.float32, torch.int8, torch.uint8)
             or x.dim() != 2
             or x.shape[1] != in_features
-            or tuple(panels.shape) != (-(-out_features // PANEL_WIDTH), in_features, PANEL_WIDTH)
+            or tuple(panels.shape) != (shape + (GROUP_DEPTH,) if integer else shape)
             or not panels.is_contiguous()
             or not _is_vector(bias, out_features)
             or (quantized != (scale is not None))
@@ -267,8 +291,12 @@ def _gemm_kernel(library: ctypes.CDLL) -> GemmKernel:
         )
         if scale is None:
             dense(*args)
-        else:
+        elif not integer:
             int8(args[0], args[1], scale.data_ptr(), *args[2:])
+        elif w8a8(args[0], args[1], scale.data_ptr(), *args[2:]):
+            raise MemoryError(
+                "native gemm: no scratch memory, or no integer dot products on this CPU"
+            )
         return out
 
     return gemm

@@ -1,7 +1,10 @@
 """Int8 weight-only quantization of linear layers, one scale per output channel.
 
-With the native kernels and fp32 activations, the int8 weight is packed in panels and
-widened in registers by the `gemm` kernel. Otherwise a forward pass dequantizes it a
+With the native kernels and fp32 activations, the int8 weight is packed in panels for
+the `gemm` kernel: where the CPU has integer dot products, as integer panels that it
+multiplies by the activations quantized to 8 bits on the way in (one scale per block of
+32 of a row's values, as llama.cpp's 8-bit formats do); elsewhere as int8 panels that it
+widens in registers. Otherwise a forward pass dequantizes it a
 chunk of rows at a time into one buffer shared by all layers, small enough to stay in
 cache. Either way the full-precision weight never exists in memory again, and
 activations keep the model's dtype.
@@ -45,6 +48,17 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, scale
 
 
+def pack_int8(rows: torch.Tensor, kernels: native.Kernels | None) -> torch.Tensor:
+    """int8 rows [N, K] as `kernels.gemm` multiplies them best: integer panels where the
+    CPU has integer dot products (and K is a multiple of their activations' block), int8
+    panels otherwise; the rows themselves without native kernels."""
+    if kernels is None:
+        return rows
+    if kernels.integer_panels and rows.shape[1] % native.ACTIVATION_BLOCK == 0:
+        return native.pack_integer_panels(rows)
+    return native.pack_panels(rows)
+
+
 class Int8Linear(nn.Module):
     """`Linear` with its weight stored as int8 rows times an fp32 scale per row."""
 
@@ -55,12 +69,10 @@ class Int8Linear(nn.Module):
         self.out_features = out_features
         kernels = native.for_tensors(linear.weight.detach())
         self.gemm = kernels.gemm if kernels else None
-        # One layout or the other: [out, in] rows, or panels for the native kernel.
+        # One layout or another: [out, in] rows, or panels for the native kernel.
         self.qweight: torch.Tensor
         self.scale: torch.Tensor
-        self.register_buffer(
-            "qweight", qweight if self.gemm is None else native.pack_panels(qweight)
-        )
+        self.register_buffer("qweight", pack_int8(qweight, kernels))
         self.register_buffer("scale", scale)
         self.bias = linear.bias
         self.buffer = buffer
@@ -70,6 +82,8 @@ class Int8Linear(nn.Module):
         """The int8 weight as [out, in] rows, whatever the layout it is held in."""
         if self.qweight.dim() == 2:
             return self.qweight
+        if self.qweight.dtype == torch.uint8:
+            return native.integer_panel_rows(self.qweight, torch.arange(self.out_features))
         panels = self.qweight  # [ceil(out / 16), in, 16]
         return panels.transpose(1, 2).reshape(-1, panels.shape[1])[: self.out_features]
 

@@ -4,8 +4,8 @@ A model whose LM head shares the embedding's vocabulary x hidden matrix multipli
 once per sampled row, the largest single product of a decode step on a model with a large
 vocabulary. `tie_into_panels` replaces both modules by views of one `TiedPanels`: the
 matrix as panels of 16 rows for the native `gemm` kernel (fp32, or int8 with one scale
-per row when the model's linear layers are int8), from which the embedding reads a
-token's row. The matrix exists once either way, in int8 at a quarter of its fp32 bytes.
+per row when the model's linear layers are int8, in the layout `pack_int8` picks), from
+which the embedding reads a token's row. The matrix exists once either way, in int8 at a quarter of its fp32 bytes.
 """
 
 from __future__ import annotations
@@ -15,22 +15,22 @@ from torch import nn
 
 from engine.layers import native
 from engine.layers.linear import Embedding, Linear
-from engine.layers.native_calls import PANEL_WIDTH, GemmKernel
-from engine.layers.quantized import quantize_rows
+from engine.layers.native_calls import PANEL_WIDTH
+from engine.layers.quantized import pack_int8, quantize_rows
 
 
 class TiedPanels(nn.Module):
     """The shared [vocab, hidden] matrix as panels, with a scale per row when int8."""
 
-    def __init__(self, weight: torch.Tensor, gemm: GemmKernel, int8: bool) -> None:
+    def __init__(self, weight: torch.Tensor, kernels: native.Kernels, int8: bool) -> None:
         super().__init__()
         self.vocab_size = weight.shape[0]
-        self.gemm = gemm
+        self.gemm = kernels.gemm
         self.panels: torch.Tensor
         self.scale: torch.Tensor | None
         if int8:
             rows, scale = quantize_rows(weight.detach())
-            self.register_buffer("panels", native.pack_panels(rows))
+            self.register_buffer("panels", pack_int8(rows, kernels))
             self.register_buffer("scale", scale)
         else:
             self.register_buffer("panels", native.pack_panels(weight.detach()))
@@ -38,7 +38,10 @@ class TiedPanels(nn.Module):
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids: [T] -> their rows of the matrix, [T, hidden] in fp32."""
-        picked = self.panels[token_ids // PANEL_WIDTH, :, token_ids % PANEL_WIDTH]
+        if self.panels.dtype == torch.uint8:
+            picked = native.integer_panel_rows(self.panels, token_ids)
+        else:
+            picked = self.panels[token_ids // PANEL_WIDTH, :, token_ids % PANEL_WIDTH]
         if self.scale is None:
             return picked
         return picked.float().mul_(self.scale[token_ids].unsqueeze(1))
@@ -83,7 +86,7 @@ def tie_into_panels(model: nn.Module, *, int8: bool) -> bool:
     kernels = native.for_tensors(embedding.weight.detach())
     if kernels is None:
         return False
-    tied = TiedPanels(embedding.weight, kernels.gemm, int8)
+    tied = TiedPanels(embedding.weight, kernels, int8)
     decoder.embed_tokens = TiedEmbedding(tied)  # type: ignore[union-attr]
     model.lm_head = TiedHead(tied)  # type: ignore[assignment]
     return True

@@ -128,6 +128,61 @@ def test_int8_panels_multiply_as_their_widened_weight_times_its_scale(rows: int)
     assert torch.allclose(got.double(), expected, atol=1e-3, rtol=1e-5)
 
 
+needs_integer_panels = pytest.mark.skipif(
+    not (native.kernels() and native.kernels().integer_panels),  # type: ignore[union-attr]
+    reason="this CPU has no integer dot products (AVX-512 VNNI)",
+)
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the integer panels' kernel reads it: each block of 32 of a row's values rounded
+    to 8 bits of its own scale (its largest magnitude over 127), as floats."""
+    blocks = x.reshape(x.shape[0], -1, native.ACTIVATION_BLOCK)
+    scale = blocks.abs().amax(dim=2, keepdim=True) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (torch.round(blocks * (1 / scale)).clamp(-127, 127) * scale).reshape(x.shape)
+
+
+@needs_integer_panels
+@pytest.mark.parametrize("rows", [1, 7, 9, 131])
+@pytest.mark.parametrize("out_features", [16, 37])
+def test_integer_panels_multiply_8_bit_activations_by_the_weight_times_its_scale(
+    rows: int, out_features: int
+) -> None:
+    assert GEMM is not None
+    generator = torch.Generator().manual_seed(rows * out_features)
+    depth = 34 * native.ACTIVATION_BLOCK
+    qweight = torch.randint(-127, 128, (out_features, depth), generator=generator, dtype=torch.int8)
+    scale = torch.rand(out_features, generator=generator) * 0.01
+    bias = torch.randn(out_features, generator=generator)
+    x = torch.randn(rows, depth, generator=generator) * 3
+    x[0, :32] = 0  # a zero block keeps a scale of 1
+    x[-1, 64:96] *= 1000  # an outlier block costs the others nothing
+    weight = qweight.double() * scale.double().unsqueeze(1)
+    expected = F.linear(quantized_activations(x).double(), weight, bias.double())
+    got = GEMM(x, native.pack_integer_panels(qweight), bias, out_features, scale)
+    assert torch.allclose(got.double(), expected, atol=1e-3, rtol=1e-5)
+    # And within the rounding of 8-bit activations of the product in full precision.
+    exact = F.linear(x.double(), weight, bias.double())
+    steps = x.reshape(rows, -1, native.ACTIVATION_BLOCK).abs().amax(dim=2).double() / 127
+    halves = steps.repeat_interleave(native.ACTIVATION_BLOCK, dim=1) / 2  # [rows, depth]
+    bound = halves @ weight.abs().T
+    assert ((got.double() - exact).abs() <= bound + 1e-3).all()
+
+
+@needs_integer_panels
+def test_integer_panels_hold_the_int8_rows_they_were_packed_from() -> None:
+    qweight = torch.randint(-127, 128, (37, 64), dtype=torch.int8)
+    panels = native.pack_integer_panels(qweight)
+    assert panels.dtype == torch.uint8 and tuple(panels.shape) == (3, 16, 16, 4)
+    rows = torch.tensor([0, 15, 16, 36])
+    assert torch.equal(native.integer_panel_rows(panels, rows), qweight[rows])
+    with pytest.raises(ValueError):
+        native.pack_integer_panels(torch.zeros(4, 48, dtype=torch.int8))
+    with pytest.raises(ValueError):  # a uint8 matrix needs integer panels' shape
+        GEMM(torch.randn(2, 64), panels.view(3, 64, 16), None, 37, torch.ones(37))  # type: ignore[misc]
+
+
 @needs_kernel
 def test_int8_panels_need_a_scale_and_float_panels_take_none() -> None:
     assert GEMM is not None

@@ -27,6 +27,7 @@ from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.sampling import SamplingParams
 from engine.tools.tiny import init_tiny_model
 from tests.engine.helpers import paged_logits
+from tests.engine.test_native_gemm import quantized_activations
 
 MIN_AGREEMENT = 0.9
 needs_gemm = pytest.mark.skipif(
@@ -149,11 +150,15 @@ def test_int8_linear_matches_its_dequantized_weight(
     layer = Int8Linear(linear, DequantBuffer(torch.float32))
     assert layer.rows_per_chunk < 600
     assert (layer.gemm is not None) == (native_kernels == "1")
-    assert layer.qweight.dtype == torch.int8
-    # Held once, in one layout: int8 is what it saves.
+    kernels = native.kernels()
+    integer = kernels is not None and kernels.integer_panels
+    assert layer.qweight.dtype == (torch.uint8 if integer else torch.int8)  # 4096: 128 blocks
+    # Held once, in one layout: a byte a weight is what it saves.
     assert layer.qweight.numel() == 600 * 4096 + (-600 % 16) * 4096 * (native_kernels == "1")
     x = torch.randn(5, 4096)
     dequantized = layer.int8_rows().float() * layer.scale.unsqueeze(1)
-    torch.testing.assert_close(layer(x), F.linear(x, dequantized, linear.bias))
+    # Integer panels multiply the activations rounded to 8 bits (test_native_gemm.py).
+    read = quantized_activations(x) if integer else x
+    torch.testing.assert_close(layer(x), F.linear(read, dequantized, linear.bias))
     # Per-row rounding error is at most half a step of that row's scale.
     assert ((dequantized - linear.weight).abs() <= layer.scale.unsqueeze(1) / 2 + 1e-7).all()
