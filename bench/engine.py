@@ -142,7 +142,7 @@ def run_all(
         rows[ENGINE_NO_CACHE] = run_engine(model_dir, work, no_cache).summary(
             work.num_output_tokens
         )
-    if args.skip_baselines:
+    if args.skip_baselines or args.skip_transformers:
         return rows, decode_rate
     progress(f"[{work.name}] {HF_STATIC}")
     rows[HF_STATIC] = hf.run_static(hf_model, work, HF_BATCH_SIZE).summary(work.num_output_tokens)
@@ -269,6 +269,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument(
+        "--skip-transformers",
+        action="store_true",
+        help="leave out the transformers baselines (the slowest part); llama.cpp's stays",
+    )
+    parser.add_argument(
         "--llama-parallel",
         type=int,
         default=16,
@@ -310,7 +315,8 @@ def main() -> None:
         ]
         progress("measuring the matmul peak")
         peak = matmul_peak_flops()
-        hf_model = None if args.skip_baselines else hf.load_hf_model(model_dir)
+        skip_hf = args.skip_baselines or args.skip_transformers
+        hf_model = None if skip_hf else hf.load_hf_model(model_dir)
         random_rows, decode_rate = run_all(model_dir, workloads[0], hf_model, args)
         shared_rows, _ = run_all(model_dir, workloads[1], hf_model, args)
         anchor_rows = {} if args.skip_baselines else run_anchor(name, model_dir, workloads[0], args)
