@@ -87,7 +87,9 @@ class Dispatcher:
             self.state.put_back(run)
             return None
         # Held while the assignment is in flight, so parallel dispatches do not overbook.
-        self.state.registry.reserve(worker.worker_id, run.num_kv_blocks)
+        self.state.registry.reserve(
+            worker.worker_id, run.run_id, run.num_kv_blocks, time.monotonic()
+        )
         return run, worker
 
     async def _wait_out_backoff(self) -> None:
@@ -140,7 +142,7 @@ class Dispatcher:
             raise
         finally:
             if outcome != AssignOutcome.ASSIGNED:
-                self.state.registry.release(worker.worker_id, run.num_kv_blocks)
+                self.state.registry.release(worker.worker_id, run.run_id)
             if outcome == AssignOutcome.NO_ROOM:
                 # After the release, which would otherwise undo it: the worker has less
                 # room than this run until it reports again.

@@ -141,6 +141,7 @@ class SchedulerState:
         assignment = self.assignments.get(run_id)
         if assignment is not None and lease_epoch in (None, assignment.lease_epoch):
             del self.assignments[run_id]
+            self.registry.run_ended(run_id)
             self.wake.set()
         if lease_epoch is None:
             self.dequeue(run_id)

@@ -7,7 +7,11 @@ A worker id names one process: registering an id that another address holds and
 has been heard from within `live_timeout` is refused (`WorkerIdTaken`); the same
 address registering again (the worker restarted there) is accepted.
 Its free blocks are the last value it reported, lowered locally by every run
-assigned since, so dispatch does not pile runs onto one worker between reports.
+assigned since, so dispatch does not pile runs onto one worker between reports. A run
+stays held against the worker's reports until one lists it among the worker's runs (the
+worker counts its blocks from then on), its assignment fails, or it ends: a report
+written before the worker took the run (one that crossed the AssignRun call) would
+otherwise hand its blocks out again.
 Each report also says which runs the worker holds and which start of its process
 (`boot_id`) it comes from; `reported_at` is when the last one arrived.
 """
@@ -55,6 +59,8 @@ class Worker:
     # When `running_run_ids` were last reported (monotonic seconds; 0: never).
     reported_at: float = 0.0
     boot_id: str = ""
+    # Runs reserved here that no report has listed yet: their blocks, and when reserved.
+    held: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def serves(self, model: str) -> bool:
         return not self.model or self.model == model or model in self.adapters
@@ -91,6 +97,9 @@ class WorkerRegistry:
     def __init__(self, live_timeout: float = 5.0) -> None:
         self._workers: dict[str, Worker] = {}
         self.live_timeout = live_timeout
+        # A run held that no report listed and that was not seen to end within this long
+        # (its end lost with the broker's data) holds nothing any more.
+        self.held_timeout = 2 * live_timeout
 
     def add_static(self, worker_id: str, address: str) -> None:
         """A configured worker: dispatchable once it first answers a status poll."""
@@ -139,7 +148,13 @@ class WorkerRegistry:
         if worker is None:
             return
         self._boot(worker, report.boot_id)
-        worker.num_free_blocks = report.num_free_blocks
+        worker.held = {
+            run_id: held
+            for run_id, held in worker.held.items()
+            if run_id not in report.running_run_ids and now - held[1] <= self.held_timeout
+        }
+        held_blocks = sum(blocks for blocks, _ in worker.held.values())
+        worker.num_free_blocks = max(0, report.num_free_blocks - held_blocks)
         worker.running_run_ids = report.running_run_ids
         worker.reported_at = now
         worker.draining = report.draining
@@ -189,16 +204,25 @@ class WorkerRegistry:
         if worker is not None:
             worker.num_free_blocks = min(worker.num_free_blocks, num_kv_blocks - 1)
 
-    def reserve(self, worker_id: str, num_kv_blocks: int) -> None:
+    def reserve(self, worker_id: str, run_id: str, num_kv_blocks: int, now: float) -> None:
+        """Holds `num_kv_blocks` of the worker's for `run_id`, until a report lists it."""
         worker = self._workers.get(worker_id)
         if worker is not None:
             worker.num_free_blocks = max(0, worker.num_free_blocks - num_kv_blocks)
+            worker.held[run_id] = (num_kv_blocks, now)
 
-    def release(self, worker_id: str, num_kv_blocks: int) -> None:
+    def release(self, worker_id: str, run_id: str) -> None:
         """Gives back what `reserve` took for a run the worker did not take."""
         worker = self._workers.get(worker_id)
-        if worker is not None:
-            worker.num_free_blocks = min(worker.capacity, worker.num_free_blocks + num_kv_blocks)
+        held = worker.held.pop(run_id, None) if worker is not None else None
+        if worker is not None and held is not None:
+            worker.num_free_blocks = min(worker.capacity, worker.num_free_blocks + held[0])
+
+    def run_ended(self, run_id: str) -> None:
+        """`run_id` holds no blocks any more, wherever it was reserved; the next report
+        of its worker counts them free."""
+        for worker in self._workers.values():
+            worker.held.pop(run_id, None)
 
     def choose(self, num_kv_blocks: int, model: str) -> Worker | None:
         """The dispatchable worker with the most free blocks that fits `num_kv_blocks`."""

@@ -23,8 +23,43 @@ def test_choose_prefers_the_most_free_blocks_and_respects_model_and_room() -> No
     registry.heartbeat("other", report(100, model=None), now=0)
     assert registry.choose(5, "tiny").worker_id == "w2"  # type: ignore[union-attr]
     assert registry.choose(10, "tiny") is None
-    registry.reserve("w2", 6)
+    registry.reserve("w2", "run_a", 6, now=0)
     assert registry.choose(4, "tiny").worker_id == "w1"  # type: ignore[union-attr]
+
+
+def held_report(free: int, runs: frozenset[str] = frozenset()) -> WorkerReport:
+    return WorkerReport(num_free_blocks=free, running_run_ids=runs, num_total_blocks=16)
+
+
+def test_a_report_that_crossed_an_assignment_does_not_hand_its_blocks_out_again() -> None:
+    registry = WorkerRegistry()
+    registry.register("w1", "h:1", "tiny", now=0)
+    registry.heartbeat("w1", held_report(10), now=0)
+    registry.reserve("w1", "run_a", 6, now=0)
+    # Written before the worker took run_a: 10 free, run_a not among its runs.
+    registry.heartbeat("w1", held_report(10), now=0.1)
+    assert registry.get("w1").num_free_blocks == 4  # type: ignore[union-attr]
+    assert registry.choose(5, "tiny") is None
+    # The worker counts run_a now: its own figure is the truth again.
+    registry.heartbeat("w1", held_report(4, frozenset({"run_a"})), now=0.2)
+    registry.heartbeat("w1", held_report(4, frozenset({"run_a"})), now=0.3)
+    assert registry.get("w1").num_free_blocks == 4  # type: ignore[union-attr]
+
+
+def test_held_blocks_come_back_when_the_run_ends_the_assignment_fails_or_time_passes() -> None:
+    registry = WorkerRegistry(live_timeout=5)
+    registry.register("w1", "h:1", "tiny", now=0)
+    registry.heartbeat("w1", held_report(10), now=0)
+    for run_id in ("ended", "refused", "lost"):
+        registry.reserve("w1", run_id, 2, now=0)
+    registry.release("w1", "refused")  # the worker did not take it
+    assert registry.get("w1").num_free_blocks == 6  # type: ignore[union-attr]
+    registry.run_ended("ended")  # ended before any report listed it
+    registry.heartbeat("w1", held_report(10), now=1)
+    assert registry.get("w1").num_free_blocks == 8  # type: ignore[union-attr]
+    # Neither listed nor seen to end (its end lost with the broker): not held forever.
+    registry.heartbeat("w1", held_report(10), now=11)
+    assert registry.get("w1").num_free_blocks == 10  # type: ignore[union-attr]
 
 
 def test_suspect_and_full_workers_are_skipped_until_heard_from() -> None:
