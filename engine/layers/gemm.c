@@ -123,9 +123,9 @@ int tollgate_has_w8a8(void) { return 1; }
  * [-127, 127] with s = max |x| / 127 (1 for a zero block), s and 128 times the sum of xq at
  * [m, block]. */
 static void quantize_blocks_s8(const float *x, int64_t M, int64_t K, int8_t *xq, float *s,
-                               int32_t *offsets) {
+                               int32_t *offsets, int threads) {
     const int64_t blocks = K / W8A8_BLOCK;
-#pragma omp parallel for if (M > 32)
+#pragma omp parallel for num_threads(threads) if (threads > 1 && M > 32)
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < blocks; b++) {
             const float *in = x + m * K + b * W8A8_BLOCK;
@@ -215,7 +215,7 @@ int tollgate_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale
         free(xq), free(s), free(offsets);
         return -1;
     }
-    quantize_blocks_s8(x, M, K, xq, s, offsets);
+    quantize_blocks_s8(x, M, K, xq, s, offsets, threads);
     const int64_t panel_bytes = K * NR;
     const int64_t num_panels = (N + NR - 1) / NR, row_blocks = (M + MC - 1) / MC;
     int64_t chunk = num_panels / ((int64_t)CHUNKS_PER_THREAD * (threads > 1 ? threads : 1));

@@ -63,10 +63,10 @@ __all__ = [
     "for_tensors",
     "gemm",
     "kernels",
-    "integer_panel_rows",
     "load",
     "pack_integer_panels",
     "pack_panels",
+    "panel_rows",
     "paged_decode",
     "prefill_attention",
     "supports",
@@ -179,8 +179,11 @@ def pack_integer_panels(rows: torch.Tensor) -> torch.Tensor:
     return grouped.transpose(1, 2).contiguous()
 
 
-def integer_panel_rows(panels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The int8 rows of W with indices `rows` [n], read out of its integer panels: [n, K]."""
+def panel_rows(panels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The rows of W with indices `rows` [n], read out of its panels: [n, K], in the panels'
+    element type, int8 for integer panels (`pack_panels`, `pack_integer_panels`)."""
+    if panels.dtype != torch.uint8:
+        return panels[rows // PANEL_WIDTH, :, rows % PANEL_WIDTH]
     picked = panels[rows // PANEL_WIDTH, :, rows % PANEL_WIDTH, :]  # [n, K / 4, 4]
     return (picked.reshape(len(rows), -1).to(torch.int16) - 128).to(torch.int8)
 

@@ -1,4 +1,4 @@
-"""Int8 weight-only quantization of linear layers, one scale per output channel.
+"""Int8 quantization of linear layers: weights with one scale per output channel.
 
 With the native kernels and fp32 activations, the int8 weight is packed in panels for
 the `gemm` kernel: where the CPU has integer dot products, as integer panels that it
@@ -82,10 +82,7 @@ class Int8Linear(nn.Module):
         """The int8 weight as [out, in] rows, whatever the layout it is held in."""
         if self.qweight.dim() == 2:
             return self.qweight
-        if self.qweight.dtype == torch.uint8:
-            return native.integer_panel_rows(self.qweight, torch.arange(self.out_features))
-        panels = self.qweight  # [ceil(out / 16), in, 16]
-        return panels.transpose(1, 2).reshape(-1, panels.shape[1])[: self.out_features]
+        return native.panel_rows(self.qweight, torch.arange(self.out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out]."""

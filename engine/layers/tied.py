@@ -5,7 +5,8 @@ once per sampled row, the largest single product of a decode step on a model wit
 vocabulary. `tie_into_panels` replaces both modules by views of one `TiedPanels`: the
 matrix as panels of 16 rows for the native `gemm` kernel (fp32, or int8 with one scale
 per row when the model's linear layers are int8, in the layout `pack_int8` picks), from
-which the embedding reads a token's row. The matrix exists once either way, in int8 at a quarter of its fp32 bytes.
+which the embedding reads a token's row. The matrix exists once either way, in int8 at a
+quarter of its fp32 bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from torch import nn
 
 from engine.layers import native
 from engine.layers.linear import Embedding, Linear
-from engine.layers.native_calls import PANEL_WIDTH
 from engine.layers.quantized import pack_int8, quantize_rows
 
 
@@ -38,10 +38,7 @@ class TiedPanels(nn.Module):
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids: [T] -> their rows of the matrix, [T, hidden] in fp32."""
-        if self.panels.dtype == torch.uint8:
-            picked = native.integer_panel_rows(self.panels, token_ids)
-        else:
-            picked = self.panels[token_ids // PANEL_WIDTH, :, token_ids % PANEL_WIDTH]
+        picked = native.panel_rows(self.panels, token_ids)
         if self.scale is None:
             return picked
         return picked.float().mul_(self.scale[token_ids].unsqueeze(1))

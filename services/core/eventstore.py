@@ -107,6 +107,7 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
             if append.expected_seq == 0:
                 views[append.run_id] = await _insert_run(cursor, append)
         existing = [append for append in appends if append.expected_seq != 0]
+        updated: list[RunView] = []
         if existing:
             to_lock = [append for append in existing if append.locked is None]
             locked = await _lock_runs(cursor, to_lock) if to_lock else {}
@@ -115,8 +116,6 @@ async def append_all_in(conn: AsyncConnection, appends: Sequence[Append]) -> lis
                     locked[append.run_id] = _checked(append, append.locked)
             updated = [apply_events(locked[a.run_id], a.events) for a in existing]
             views.update((view.run_id, view) for view in updated)
-        else:
-            updated = []
         return await _insert_events(cursor, [(views[a.run_id], a) for a in appends], updated)
 
 

@@ -240,8 +240,10 @@ class EventConsumer:
         self.topic = topic
         self.group_id = group_id
         self.kinds = frozenset(kinds) if kinds is not None else None
-        # The `ce_type` headers of those kinds: records of other kinds stay unparsed.
-        self._types = {ce_type(kind).encode() for kind in kinds} if kinds is not None else None
+        # The `ce_type` headers parsed: those of `kinds`, and none (a record without one).
+        self._parsed_types = (
+            {None, *(ce_type(kind).encode() for kind in kinds)} if kinds is not None else None
+        )
         self.auto_offset_reset = auto_offset_reset
         self.auto_commit = auto_commit
         self.session_timeout_ms = session_timeout_ms
@@ -319,10 +321,8 @@ class EventConsumer:
         others'."""
         events = []
         for record in records:
-            if self._types is not None and _header(record.headers, "ce_type") not in (
-                None,
-                *self._types,
-            ):
+            types = self._parsed_types
+            if types is not None and _header(record.headers, "ce_type") not in types:
                 continue
             try:
                 message = events_pb2.RunEvent.FromString(record.value)

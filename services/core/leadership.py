@@ -2,9 +2,9 @@
 
 The lock lives as long as the session that took it.  When the leader's process dies
 its connection closes, PostgreSQL releases the lock, and the server hands it at once to
-a waiting replica, whose request for it waits in the server (no polling).  The session asks the server to notice a silent peer
-(keepalives, a TCP user timeout), so a leader cut off by the network loses the lock
-too, after about `SESSION_TIMEOUT_S`.
+a waiting replica, whose request for it waits in the server (no polling).  The session
+asks the server to notice a silent peer (keepalives, a TCP user timeout), so a leader
+cut off by the network loses the lock too, after about `SESSION_TIMEOUT_S`.
 
 A leader that loses its own session stops leading at once, not when the server notices:
 with `check_interval` set, the session is checked that often and the leader's work is

@@ -176,7 +176,8 @@ def test_integer_panels_hold_the_int8_rows_they_were_packed_from() -> None:
     panels = native.pack_integer_panels(qweight)
     assert panels.dtype == torch.uint8 and tuple(panels.shape) == (3, 16, 16, 4)
     rows = torch.tensor([0, 15, 16, 36])
-    assert torch.equal(native.integer_panel_rows(panels, rows), qweight[rows])
+    assert torch.equal(native.panel_rows(panels, rows), qweight[rows])
+    assert torch.equal(native.panel_rows(native.pack_panels(qweight), rows), qweight[rows])
     with pytest.raises(ValueError):
         native.pack_integer_panels(torch.zeros(4, 48, dtype=torch.int8))
     with pytest.raises(ValueError):  # a uint8 matrix needs integer panels' shape

@@ -134,6 +134,16 @@ def test_a_tied_lm_head_is_left_unquantized(tmp_path: Path) -> None:
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+@needs_gemm
+def test_a_depth_off_the_activation_block_keeps_the_widening_panels() -> None:
+    linear = Linear(100, 40, bias=False)  # 100 inputs: not a whole number of blocks of 32
+    layer = Int8Linear(linear, DequantBuffer(torch.float32))
+    assert layer.qweight.dtype == torch.int8 and layer.qweight.dim() == 3
+    x = torch.randn(3, 100)
+    dequantized = layer.int8_rows().float() * layer.scale.unsqueeze(1)
+    torch.testing.assert_close(layer(x), F.linear(x, dequantized))
+
+
 @pytest.mark.parametrize(
     "native_kernels",
     [pytest.param("1", marks=needs_gemm, id="panels"), pytest.param("0", id="chunks")],
