@@ -137,6 +137,7 @@ def test_a_tied_lm_head_is_left_unquantized(tmp_path: Path) -> None:
 @needs_gemm
 def test_a_depth_off_the_activation_block_keeps_the_widening_panels() -> None:
     linear = Linear(100, 40, bias=False)  # 100 inputs: not a whole number of blocks of 32
+    torch.nn.init.normal_(linear.weight, std=0.02)
     layer = Int8Linear(linear, DequantBuffer(torch.float32))
     assert layer.qweight.dtype == torch.int8 and layer.qweight.dim() == 3
     x = torch.randn(3, 100)
