@@ -15,6 +15,7 @@ from engine.layers.lora import LoraBatch
 from engine.layers.paged_attention import Workspace
 from engine.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
+from engine.models.native_decoder import native_decoder
 from engine.sequence import Sequence
 
 
@@ -54,6 +55,13 @@ class ModelRunner:
             if native.supports_prefill(dtype, kv_dtype, cfg.head_dim)
             else None
         )
+        # Decode-only steps in one native call, where it can read the model (not with
+        # adapters, whose rows it would not see).
+        self.native_decoder = (
+            native_decoder(model, self.kv_caches)
+            if self.decode_kernel is not None and lora is None
+            else None
+        )
 
     @torch.inference_mode()
     def execute(
@@ -65,13 +73,14 @@ class ModelRunner:
         )
         if self.lora is not None:
             self.lora.set_step(inputs.adapter_slots, inputs.logits_indices)
-        hidden = self.model(
-            inputs.input_ids,
-            inputs.positions,
-            self.kv_caches,
-            inputs.attention,
-            keep=inputs.logits_indices,
-        )
+        meta, keep = inputs.attention, inputs.logits_indices
+        if self.native_decoder is not None and meta.decode_batch is not None and not meta.prefills:
+            hidden = self.native_decoder(inputs.input_ids, inputs.positions, meta)
+            # A one-token chunk in the middle of a prompt writes its cache but samples nothing.
+            if keep.shape[0] != hidden.shape[0]:
+                hidden = hidden.index_select(0, keep)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta, keep=keep)
         if not inputs.sampled:
             return []
         logits = self.model.compute_logits(hidden)

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 #define KC 512 /* columns of x per block */

@@ -9,6 +9,8 @@
   panels (`engine.layers.linear.PanelLinear`).
 * `rms_norm`, `rotary` and `silu_mul` (`pointwise.c`): RMS norm (with the residual add
   before it), rotary embeddings and SiLU gating, each in one pass over its rows.
+* `decode_step` (`decode_step.c`): every layer of a decode-only step in one call, the
+  kernels above back to back (`engine.models.native_decoder`).
 
 All live in one shared library, cached under `$TOLLGATE_KERNEL_CACHE` (default
 `~/.cache/tollgate/kernels`), keyed by the sources, the compiler command and the CPU;
@@ -77,10 +79,10 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_decode.c", "prefill_attention.c", "gemm.c", "pointwise.c")
+    for name in ("paged_decode.c", "prefill_attention.c", "gemm.c", "pointwise.c", "decode_step.c")
 )
 # Included by the sources: part of what a cached library was built from.
-HEADERS = (Path(__file__).with_name("simd.h"),)
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("simd.h", "kernels.h"))
 # Reassociation lets the compiler vectorize the dot products. Not -ffast-math: linked into
 # a shared library it flushes subnormal floats to zero for the whole process on loading.
 FLAGS = (

@@ -65,6 +65,69 @@ GROUP_DEPTH = 4
 ACTIVATION_BLOCK = 32
 
 
+class Projection(ctypes.Structure):
+    """A linear layer's packed weight, as decode_step.c reads it."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int64),  # FLOAT_PANELS, INT8_PANELS or INTEGER_PANELS
+        ("panels", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out_features", ctypes.c_int64),
+        ("in_features", ctypes.c_int64),
+    ]
+
+
+FLOAT_PANELS, INT8_PANELS, INTEGER_PANELS = 0, 1, 2
+
+
+class DecoderLayer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_attention_norm", ctypes.c_void_p),
+        ("qkv", Projection),
+        ("o", Projection),
+        ("gate_up", Projection),
+        ("down", Projection),
+        ("cache", ctypes.c_void_p),
+    ]
+
+
+class Decoder(ctypes.Structure):
+    """A whole decoder's sizes and weights, as decode_step.c reads them; `cos` and `sin`
+    are set for each step (the tables grow)."""
+
+    _fields_ = [
+        *[
+            (name, ctypes.c_int64)
+            for name in (
+                "num_layers",
+                "hidden",
+                "heads",
+                "kv_heads",
+                "head_dim",
+                "intermediate",
+                "block_size",
+                "slots",
+                "bf16",
+            )
+        ],
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("layers", ctypes.POINTER(DecoderLayer)),
+        ("final_norm", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+    ]
+
+
+# decoder, x, positions, slot mapping, block tables, context lengths -> final hidden states
+DecodeStepKernel = Callable[
+    [Decoder, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    torch.Tensor,
+]
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     paged_decode: DecodeKernel
@@ -73,6 +136,7 @@ class Kernels:
     rms_norm: RmsNormKernel
     rotary: RotaryKernel
     silu_mul: SiluMulKernel
+    decode_step: DecodeStepKernel
     # Whether `gemm` multiplies integer panels (`pack_integer_panels`): int8 weights by
     # 8-bit activations, with the CPU's integer dot products.
     integer_panels: bool = False
@@ -87,6 +151,7 @@ def bind(library: ctypes.CDLL) -> Kernels:
         _rms_norm_kernel(library),
         _rotary_kernel(library),
         _silu_mul_kernel(library),
+        _decode_step_kernel(library),
         integer_panels=bool(library.tollgate_has_w8a8()),
     )
 
@@ -422,6 +487,68 @@ def _silu_mul_kernel(library: ctypes.CDLL) -> SiluMulKernel:
         return out
 
     return silu_mul
+
+
+def _decode_step_kernel(library: ctypes.CDLL) -> DecodeStepKernel:
+    function = library.tollgate_decode_step
+    function.restype = ctypes.c_int
+    # decoder, x, rows, positions, slot mapping, tables, lengths, max blocks, out, threads
+    function.argtypes = [
+        ctypes.POINTER(Decoder),
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        *[ctypes.c_void_p] * 4,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+
+    def decode_step(
+        decoder: Decoder,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Every layer and the final norm for rows that each add one token to a sequence:
+        x: [n, hidden] float32 token embeddings (overwritten: the residual stream),
+        positions, slot_mapping, context_lens: [n] int64, block_tables: [n, max_blocks]
+        int64 -> the final hidden states [n, hidden]. The decoder's weights, caches and
+        tables are trusted (`engine.models.native_decoder` builds it from a model); the
+        positions must lie in its rotary tables, the slots and blocks in its caches."""
+        rows = x.shape[0]
+        vectors = (positions, slot_mapping, context_lens)
+        if not (
+            x.dtype == torch.float32
+            and x.dim() == 2
+            and x.shape[1] == decoder.hidden
+            and x.is_contiguous()
+            and all(v.dtype == torch.long and v.shape == (rows,) for v in vectors)
+            and all(v.is_contiguous() for v in vectors)
+            and block_tables.dtype == torch.long
+            and block_tables.dim() == 2
+            and block_tables.shape[0] == rows
+            and block_tables.is_contiguous()
+        ):
+            raise ValueError("decode_step: unexpected dtype, layout or shape")
+        out = torch.empty_like(x)
+        if function(
+            ctypes.byref(decoder),
+            x.data_ptr(),
+            rows,
+            positions.data_ptr(),
+            slot_mapping.data_ptr(),
+            block_tables.data_ptr(),
+            context_lens.data_ptr(),
+            block_tables.shape[1],
+            out.data_ptr(),
+            torch.get_num_threads(),
+        ):
+            raise MemoryError("native decode step: no scratch memory, or a kernel failed")
+        return out
+
+    return decode_step
 
 
 def supports(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* Below this many cached rows per step, starting a thread costs more than it saves. */

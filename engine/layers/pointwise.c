@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* Below this many elements, starting a thread costs more than it saves. */

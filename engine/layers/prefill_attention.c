@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 DEFINE_TILES(attention_tile, LOAD_FLOAT)

@@ -52,15 +52,21 @@ class RotaryEmbedding(nn.Module):
 
     def rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """What rotates a step's queries and keys, for its `positions` [T]."""
+        cos_table, sin_table = self.tables(positions)
+        kernels = native.kernels() if dtype == torch.float32 else None
+        if kernels is not None:
+            return NativeRotation(positions, cos_table, sin_table, kernels.rotary)
+        cos = cos_table.index_select(0, positions).to(dtype)
+        sin = sin_table.index_select(0, positions).to(dtype)
+        return TableRotation(cos.unsqueeze(1), sin.unsqueeze(1))
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos and sin tables [covered, head_dim // 2], float32, grown to cover every
+        one of `positions` (non-negative)."""
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self._cos.shape[0]:
             self._grow(needed)
-        kernels = native.kernels() if dtype == torch.float32 else None
-        if kernels is not None:
-            return NativeRotation(positions, self._cos, self._sin, kernels.rotary)
-        cos = self._cos.index_select(0, positions).to(dtype)
-        sin = self._sin.index_select(0, positions).to(dtype)
-        return TableRotation(cos.unsqueeze(1), sin.unsqueeze(1))
+        return self._cos, self._sin
 
     def _grow(self, needed: int) -> None:
         size = 1 << max(needed - 1, 1).bit_length()

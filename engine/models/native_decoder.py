@@ -1,0 +1,161 @@
+"""A Llama model's decode-only steps in one native call (`engine/layers/decode_step.c`).
+
+`native_decoder(model, kv_caches)` describes the model's weights and caches to the kernel
+once. A step whose every chunk adds one token then runs all its layers in that one call,
+with the kernels the PyTorch path calls one by one (about ten per layer), in the same
+order on the same values. Any other step takes the PyTorch path; so does every step of a
+model the kernel cannot read: weights not packed for the native kernels, LoRA adapters
+attached, a dtype other than float32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from engine.layers import native
+from engine.layers.linear import PanelLinear
+from engine.layers.native_calls import (
+    FLOAT_PANELS,
+    GROUP_DEPTH,
+    INT8_PANELS,
+    INTEGER_PANELS,
+    Decoder,
+    DecoderLayer,
+    DecodeStepKernel,
+    Projection,
+)
+from engine.layers.paged_attention import AttentionMetadata
+from engine.layers.quantized import Int8Linear
+from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+
+class NativeDecoder:
+    """Runs a decode-only step's layers and final norm in one call."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        decoder: Decoder,
+        held: list[torch.Tensor],
+        kernel: DecodeStepKernel,
+    ) -> None:
+        self.model = model
+        self.decoder = decoder
+        # The decoder points into these: holding them keeps the pointers valid.
+        self._held = held
+        self._kernel = kernel
+        self._num_blocks = decoder.slots // decoder.block_size
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """A step of single-token rows (`meta.decode_batch` holds them all) -> the final
+        hidden states [rows, hidden]."""
+        batch = meta.decode_batch
+        if batch is None or meta.prefills or batch.num_seqs != input_ids.shape[0]:
+            raise ValueError("native decoder: the step is not decodes alone")
+        slots, tables = meta.slot_mapping, batch.block_tables
+        # The kernel writes where these point: out of range would be outside the cache.
+        if int(slots.max()) >= self.decoder.slots or int(tables.max()) >= self._num_blocks:
+            raise ValueError("native decoder: a slot or block lies outside the cache")
+        cos, sin = self.model.rotary.tables(positions)
+        self.decoder.cos, self.decoder.sin = cos.data_ptr(), sin.data_ptr()
+        x = self.model.model.embed_tokens(input_ids).contiguous()
+        return self._kernel(self.decoder, x, positions, slots, tables, batch.context_lens)
+
+
+def native_decoder(model: nn.Module, kv_caches: list[torch.Tensor]) -> NativeDecoder | None:
+    """The model's decode steps as one native call, or None when the kernel cannot read its
+    layers (see the module's docstring) or native kernels are off."""
+    kernels = native.kernels()
+    if kernels is None or not isinstance(model, LlamaForCausalLM):
+        return None
+    held: list[torch.Tensor] = []
+    layers = []
+    for layer, cache in zip(model.model.layers, kv_caches, strict=True):
+        described = _layer(layer, cache, held) if isinstance(layer, LlamaDecoderLayer) else None
+        if described is None:
+            return None
+        layers.append(described)
+    final_norm = _vector(model.model.norm.weight, model.config.hidden_size, held)
+    if final_norm is None or not layers:
+        return None
+    cfg = model.config
+    first = model.model.layers[0]
+    assert isinstance(first, LlamaDecoderLayer)
+    attention = first.self_attn.attn
+    array = (DecoderLayer * len(layers))(*layers)
+    decoder = Decoder(
+        num_layers=len(layers),
+        hidden=cfg.hidden_size,
+        heads=cfg.num_heads,
+        kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        intermediate=cfg.intermediate_size,
+        block_size=attention.block_size,
+        slots=kv_caches[0].shape[2],
+        bf16=int(kv_caches[0].dtype == torch.bfloat16),
+        eps=cfg.rms_norm_eps,
+        scale=attention.scale,
+        layers=ctypes.cast(array, ctypes.POINTER(DecoderLayer)),
+        final_norm=final_norm,
+    )
+    decoder._array = array  # type: ignore[attr-defined]  # the layers live as long as it does
+    return NativeDecoder(model, decoder, held, kernels.decode_step)
+
+
+def _layer(
+    layer: LlamaDecoderLayer, cache: torch.Tensor, held: list[torch.Tensor]
+) -> DecoderLayer | None:
+    attention, mlp = layer.self_attn, layer.mlp
+    hidden = layer.input_layernorm.weight.shape[0]
+    norms = [
+        _vector(norm.weight, hidden, held)
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
+    projections = [
+        _projection(module, held)
+        for module in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    ]
+    if (
+        None in norms
+        or None in projections
+        or not native.supports(torch.float32, cache.dtype)
+        or cache.dim() != 4
+        or cache.shape[:2] != (2, attention.num_kv_heads)
+        or cache.shape[3] != attention.head_dim
+        or not cache.is_contiguous()
+    ):
+        return None
+    held.append(cache)
+    qkv, o, gate_up, down = projections
+    return DecoderLayer(norms[0], norms[1], qkv, o, gate_up, down, cache.data_ptr())
+
+
+def _projection(module: nn.Module, held: list[torch.Tensor]) -> Projection | None:
+    """The layer's packed weight, when it is one the kernel multiplies."""
+    if isinstance(module, PanelLinear):
+        kind, panels, scale, out_features = FLOAT_PANELS, module.panels, None, module.out_features
+    elif isinstance(module, Int8Linear) and module.gemm is not None and module.qweight.dim() > 2:
+        panels, scale, out_features = module.qweight, module.scale, module.out_features
+        kind = INTEGER_PANELS if panels.dtype == torch.uint8 else INT8_PANELS
+    else:
+        return None
+    depth = panels.shape[1] * (GROUP_DEPTH if kind == INTEGER_PANELS else 1)
+    bias = module.bias
+    pointers = [_vector(v, out_features, held) if v is not None else 0 for v in (scale, bias)]
+    if None in pointers or not panels.is_contiguous():
+        return None
+    held.append(panels)
+    return Projection(kind, panels.data_ptr(), pointers[0], pointers[1], out_features, depth)
+
+
+def _vector(values: torch.Tensor, size: int, held: list[torch.Tensor]) -> int | None:
+    """The address of float32 `values` [size], or None when they are not that."""
+    if values.dtype != torch.float32 or values.shape != (size,) or not values.is_contiguous():
+        return None
+    held.append(values)
+    return values.data_ptr()
