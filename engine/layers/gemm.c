@@ -64,14 +64,16 @@ static void rows_by_panel(const Weights *kind, int64_t rows, int64_t depth, cons
     }
 }
 
-static void gemm(const Weights *kind, const float *x, const void *panels, const float *scale,
-                 const float *bias, float *y, int64_t M, int64_t N, int64_t K, int threads) {
+/* The product's tasks, shared among the threads of the enclosing parallel region. */
+static void gemm_tasks(const Weights *kind, const float *x, const void *panels,
+                       const float *scale, const float *bias, float *y, int64_t M, int64_t N,
+                       int64_t K, int threads) {
     const int64_t num_panels = (N + NR - 1) / NR, row_blocks = (M + MC - 1) / MC;
     int64_t chunk = num_panels / ((int64_t)CHUNKS_PER_THREAD * (threads > 1 ? threads : 1));
     chunk = chunk > 0 ? chunk : 1;
     const int64_t chunks = (num_panels + chunk - 1) / chunk;
     const int64_t panel_bytes = K * NR * kind->element_size;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < row_blocks * chunks; task++) {
         const int64_t m0 = task / chunks * MC, rows = M - m0 < MC ? M - m0 : MC;
         const int64_t start = task % chunks * chunk;
@@ -89,6 +91,23 @@ static void gemm(const Weights *kind, const float *x, const void *panels, const 
             }
         }
     }
+}
+
+static void gemm(const Weights *kind, const float *x, const void *panels, const float *scale,
+                 const float *bias, float *y, int64_t M, int64_t N, int64_t K, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    gemm_tasks(kind, x, panels, scale, bias, y, M, N, K, threads);
+}
+
+void tollgate_team_gemm(const float *x, const float *panels, const float *bias, float *y,
+                        int64_t M, int64_t N, int64_t K, int threads) {
+    gemm_tasks(&FLOAT_WEIGHTS, x, panels, 0, bias, y, M, N, K, threads);
+}
+
+void tollgate_team_gemm_int8(const float *x, const int8_t *panels, const float *scale,
+                             const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                             int threads) {
+    gemm_tasks(&INT8_WEIGHTS, x, panels, scale, bias, y, M, N, K, threads);
 }
 
 /* x: [M, K], panels: [ceil(N / 16), K, 16], bias: [N] or NULL, y: [M, N]; all contiguous
@@ -124,9 +143,9 @@ int tollgate_has_w8a8(void) { return 1; }
  * [-127, 127] with s = max |x| / 127 (1 for a zero block), s and 128 times the sum of xq at
  * [m, block]. */
 static void quantize_blocks_s8(const float *x, int64_t M, int64_t K, int8_t *xq, float *s,
-                               int32_t *offsets, int threads) {
+                               int32_t *offsets) {
     const int64_t blocks = K / W8A8_BLOCK;
-#pragma omp parallel for num_threads(threads) if (threads > 1 && M > 32)
+#pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < blocks; b++) {
             const float *in = x + m * K + b * W8A8_BLOCK;
@@ -200,29 +219,18 @@ static const W8A8Tile W8A8_TILES[W8A8_MR + 1] = {
     0, w8a8_tile_1, w8a8_tile_2, w8a8_tile_3, w8a8_tile_4,
     w8a8_tile_5, w8a8_tile_6, w8a8_tile_7, w8a8_tile_8};
 
-/* x: [M, K] float32 (K a multiple of 32), panels: [ceil(N / 16), K / 4, 16, 4] uint8 as
- * above, scale: [N], bias: [N] or NULL, y: [M, N]. Tasks as in `gemm`: a block of MC rows by
- * a chunk of panels, all of K. Returns 0, or -1 when K is not a multiple of 32 or the
- * scratch rows cannot be had. */
-int tollgate_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale,
-                       const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                       int threads) {
-    if (K % W8A8_BLOCK) return -1;
+/* Tasks as in `gemm`: a block of MC rows by a chunk of panels, all of K. */
+void tollgate_team_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale,
+                             const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                             int8_t *xq, float *s, int32_t *offsets, int threads) {
     const int64_t blocks = K / W8A8_BLOCK;
-    int8_t *xq = malloc((size_t)(M * K));
-    float *s = malloc(sizeof(float) * (size_t)(M * blocks));
-    int32_t *offsets = malloc(sizeof(int32_t) * (size_t)(M * blocks));
-    if (!xq || !s || !offsets) {
-        free(xq), free(s), free(offsets);
-        return -1;
-    }
-    quantize_blocks_s8(x, M, K, xq, s, offsets, threads);
+    quantize_blocks_s8(x, M, K, xq, s, offsets);
     const int64_t panel_bytes = K * NR;
     const int64_t num_panels = (N + NR - 1) / NR, row_blocks = (M + MC - 1) / MC;
     int64_t chunk = num_panels / ((int64_t)CHUNKS_PER_THREAD * (threads > 1 ? threads : 1));
     chunk = chunk > 0 ? chunk : 1;
     const int64_t chunks = (num_panels + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < row_blocks * chunks; task++) {
         const int64_t m0 = task / chunks * MC, rows = M - m0 < MC ? M - m0 : MC;
         const int64_t start = task % chunks * chunk;
@@ -240,11 +248,37 @@ int tollgate_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale
             }
         }
     }
+}
+
+/* x: [M, K] float32 (K a multiple of 32), panels: [ceil(N / 16), K / 4, 16, 4] uint8 as
+ * above, scale: [N], bias: [N] or NULL, y: [M, N]. Returns 0, or -1 when K is not a
+ * multiple of 32 or the scratch rows cannot be had. */
+int tollgate_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale,
+                       const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                       int threads) {
+    if (K % W8A8_BLOCK) return -1;
+    const int64_t blocks = K / W8A8_BLOCK;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *s = malloc(sizeof(float) * (size_t)(M * blocks));
+    int32_t *offsets = malloc(sizeof(int32_t) * (size_t)(M * blocks));
+    if (!xq || !s || !offsets) {
+        free(xq), free(s), free(offsets);
+        return -1;
+    }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    tollgate_team_gemm_w8a8(x, panels, scale, bias, y, M, N, K, xq, s, offsets, threads);
     free(xq), free(s), free(offsets);
     return 0;
 }
 #else
 int tollgate_has_w8a8(void) { return 0; }
+
+void tollgate_team_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale,
+                             const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                             int8_t *xq, float *s, int32_t *offsets, int threads) {
+    (void)x, (void)panels, (void)scale, (void)bias, (void)y, (void)M, (void)N, (void)K;
+    (void)xq, (void)s, (void)offsets, (void)threads;
+}
 
 int tollgate_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale,
                        const float *bias, float *y, int64_t M, int64_t N, int64_t K,

@@ -1,6 +1,6 @@
-/* The library's exported functions (bound by native_calls.py), declared once: each source
- * that defines one includes this, so the compiler checks the definition against it, and
- * decode_step.c calls them. */
+/* The library's functions shared across its sources, declared once: each source that
+ * defines one includes this, so the compiler checks the definition against it. The first
+ * group is what native_calls.py binds; decode_step.c calls the team versions below. */
 #ifndef TOLLGATE_KERNELS_H
 #define TOLLGATE_KERNELS_H
 
@@ -30,5 +30,30 @@ void tollgate_rotary(float *x, int64_t rows, int64_t stride, int64_t heads, int6
                      int threads);
 void tollgate_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width,
                        int threads);
+
+/* Team versions, for decode_step.c: each is called by every thread of an enclosing OpenMP
+ * parallel region of `threads` threads, shares its work out among them, and returns on the
+ * region's barrier. Each computes what its function above does, bit for bit. The integer
+ * product takes its scratch (M * K bytes, and M * K / 32 scales and offsets), the decode
+ * attention each thread's own (group * max(lens) + dim floats). */
+void tollgate_team_gemm(const float *x, const float *panels, const float *bias, float *y,
+                        int64_t M, int64_t N, int64_t K, int threads);
+void tollgate_team_gemm_int8(const float *x, const int8_t *panels, const float *scale,
+                             const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                             int threads);
+void tollgate_team_gemm_w8a8(const float *x, const uint8_t *panels, const float *scale,
+                             const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                             int8_t *xq, float *s, int32_t *offsets, int threads);
+void tollgate_team_paged_decode(const float *q, const void *cache, int bf16,
+                                const int64_t *tables, const int64_t *lens, float *out,
+                                int64_t n, int64_t kv_heads, int64_t group, int64_t dim,
+                                int64_t block_size, int64_t max_blocks, int64_t slots,
+                                float scale, float *scores);
+void tollgate_team_rms_norm(float *x, const float *delta, const float *weight, float *out,
+                            int64_t rows, int64_t dim, float eps);
+void tollgate_team_rotary(float *x, int64_t rows, int64_t stride, int64_t heads,
+                          int64_t head_dim, const int64_t *positions, const float *cos_table,
+                          const float *sin_table);
+void tollgate_team_silu_mul(const float *gate_up, float *out, int64_t rows, int64_t width);
 
 #endif

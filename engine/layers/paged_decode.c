@@ -132,6 +132,32 @@ static void attend_any(const Job *job, int64_t seq, int64_t head, float *scores,
     attend(job, seq, head, scores, scratch, job->dim);
 }
 
+static Job make_job(const float *q, const void *cache, int bf16, const int64_t *tables,
+                    const int64_t *lens, float *out, int64_t n, int64_t kv_heads, int64_t group,
+                    int64_t dim, int64_t block_size, int64_t max_blocks, int64_t slots,
+                    float scale) {
+    Job job = {q, cache, bf16, tables, lens, out, n, kv_heads, group, dim, block_size,
+               max_blocks, slots, 1, scale};
+    for (int64_t i = 0; i < n; i++)
+        if (lens[i] > job.max_len) job.max_len = lens[i];
+    return job;
+}
+
+/* The (sequence, KV head) items, shared among the threads of the enclosing parallel region;
+ * `scores` is this thread's scratch (group * max_len + dim floats), or NULL: then it skips
+ * its items (its caller reports the failure). */
+static void attend_items(const Job *job, float *scores) {
+    const AttendFn fn = job->dim == 32    ? attend_32
+                        : job->dim == 64  ? attend_64
+                        : job->dim == 128 ? attend_128
+                                          : attend_any;
+#pragma omp for schedule(dynamic)
+    for (int64_t i = 0; i < job->n * job->kv_heads; i++)
+        if (scores)
+            fn(job, i / job->kv_heads, i % job->kv_heads, scores,
+               scores + job->group * job->max_len);
+}
+
 /* Returns 0 on success, 1 when a thread could not allocate its scratch memory. Threads come
  * from the process's OpenMP runtime: inside PyTorch, the same pool its own operators use.
  * Built without OpenMP, the pragmas are ignored and the kernel runs on the calling thread. */
@@ -139,25 +165,27 @@ int tollgate_paged_decode(const float *q, const void *cache, int bf16, const int
                           const int64_t *lens, float *out, int64_t n, int64_t kv_heads,
                           int64_t group, int64_t dim, int64_t block_size, int64_t max_blocks,
                           int64_t slots, float scale, int threads) {
-    Job job = {q, cache, bf16, tables, lens, out, n, kv_heads, group, dim, block_size,
-               max_blocks, slots, 1, scale};
-    for (int64_t i = 0; i < n; i++)
-        if (lens[i] > job.max_len) job.max_len = lens[i];
+    const Job job = make_job(q, cache, bf16, tables, lens, out, n, kv_heads, group, dim,
+                             block_size, max_blocks, slots, scale);
     const int64_t rows = n * kv_heads * job.max_len;
     if (rows / ROWS_PER_THREAD + 1 < threads) threads = (int)(rows / ROWS_PER_THREAD + 1);
-    const AttendFn fn = dim == 32    ? attend_32
-                        : dim == 64  ? attend_64
-                        : dim == 128 ? attend_128
-                                     : attend_any;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * (size_t)(group * job.max_len + dim));
         failed = scores == NULL;
-#pragma omp for schedule(dynamic)
-        for (int64_t i = 0; i < n * kv_heads; i++)
-            if (scores) fn(&job, i / kv_heads, i % kv_heads, scores, scores + group * job.max_len);
+        attend_items(&job, scores);
         free(scores);
     }
     return failed;
+}
+
+void tollgate_team_paged_decode(const float *q, const void *cache, int bf16,
+                                const int64_t *tables, const int64_t *lens, float *out,
+                                int64_t n, int64_t kv_heads, int64_t group, int64_t dim,
+                                int64_t block_size, int64_t max_blocks, int64_t slots,
+                                float scale, float *scores) {
+    const Job job = make_job(q, cache, bf16, tables, lens, out, n, kv_heads, group, dim,
+                             block_size, max_blocks, slots, scale);
+    attend_items(&job, scores);
 }

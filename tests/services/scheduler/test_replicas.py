@@ -130,7 +130,9 @@ async def test_after_a_takeover_a_worker_gets_time_to_register_with_the_new_lead
         tokens = NewEvent(RunState.STREAMING, {"token_ids": [7], "text": "a"})
         prefill = NewEvent(RunState.PREFILL, {"worker_id": "w1"})
         await store.append(run_id, 1, [prefill, tokens], lease_epoch=assignment.lease_epoch)
-        await leader.stop()
+    # Heartbeats stopped first: a beat on the stopped leader's closed channel fails, but not
+    # with an RPC error.
+    await leader.stop()
     await wait_for(follower.app.leadership.is_leader.is_set, timeout=TAKEOVER_BOUND_S)
     await wait_for(lambda: follower.app.state.is_assigned(run_id))
     # It reaches the new leader a heartbeat later; its run must not be counted lost meanwhile.
