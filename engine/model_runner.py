@@ -15,7 +15,7 @@ from engine.layers.lora import LoraBatch
 from engine.layers.paged_attention import Workspace
 from engine.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
-from engine.models.native_decoder import native_decoder
+from engine.models.native_decoder import decodes_alone, native_decoder
 from engine.sequence import Sequence
 
 
@@ -74,7 +74,7 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.set_step(inputs.adapter_slots, inputs.logits_indices)
         meta, keep = inputs.attention, inputs.logits_indices
-        if self.native_decoder is not None and meta.decode_batch is not None and not meta.prefills:
+        if self.native_decoder is not None and decodes_alone(meta):
             hidden = self.native_decoder(inputs.input_ids, inputs.positions, meta)
             # A one-token chunk in the middle of a prompt writes its cache but samples nothing.
             if keep.shape[0] != hidden.shape[0]:

@@ -138,8 +138,8 @@ static void run_layers(const Decoder *m, float *x, int64_t rows, const int64_t *
 
 /* x: [rows, hidden], the token embeddings, used as the residual stream (overwritten);
  * positions, slot_mapping, lens: [rows]; tables: [rows, max_blocks] block ids; out: [rows,
- * hidden], the final hidden states. Returns 0, or -1 when scratch memory cannot be had or
- * a projection holds integer panels on a CPU without integer dot products. */
+ * hidden], the final hidden states. Integer panels only where tollgate_has_w8a8(). Returns
+ * 0, or -1 when scratch memory cannot be had. */
 int tollgate_decode_step(const Decoder *m, float *x, int64_t rows, const int64_t *positions,
                          const int64_t *slot_mapping, const int64_t *tables, const int64_t *lens,
                          int64_t max_blocks, float *out, int threads) {
@@ -149,12 +149,6 @@ int tollgate_decode_step(const Decoder *m, float *x, int64_t rows, const int64_t
     /* The deepest product's rows, for the integer kernel's quantized copy of them. */
     int64_t depth = hidden > attended ? hidden : attended;
     depth = depth > m->intermediate ? depth : m->intermediate;
-    for (int64_t l = 0; l < m->num_layers; l++) {
-        const Projection *p[] = {&m->layers[l].qkv, &m->layers[l].o, &m->layers[l].gate_up,
-                                 &m->layers[l].down};
-        for (int i = 0; i < 4; i++)
-            if (p[i]->kind == INTEGER_PANELS && !tollgate_has_w8a8()) return -1;
-    }
     int64_t max_len = 1;
     for (int64_t r = 0; r < rows; r++) max_len = lens[r] > max_len ? lens[r] : max_len;
     Scratch s;

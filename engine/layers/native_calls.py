@@ -545,7 +545,7 @@ def _decode_step_kernel(library: ctypes.CDLL) -> DecodeStepKernel:
             out.data_ptr(),
             torch.get_num_threads(),
         ):
-            raise MemoryError("native decode step: no scratch memory, or a kernel failed")
+            raise MemoryError("native decode step: no scratch memory")
         return out
 
     return decode_step

@@ -39,12 +39,13 @@ class NativeDecoder:
         self,
         model: LlamaForCausalLM,
         decoder: Decoder,
-        held: list[torch.Tensor],
+        held: list[object],
         kernel: DecodeStepKernel,
     ) -> None:
         self.model = model
         self.decoder = decoder
-        # The decoder points into these: holding them keeps the pointers valid.
+        # The decoder points into these (tensors, its array of layers): holding them keeps
+        # the pointers valid.
         self._held = held
         self._kernel = kernel
         self._num_blocks = decoder.slots // decoder.block_size
@@ -52,10 +53,9 @@ class NativeDecoder:
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """A step of single-token rows (`meta.decode_batch` holds them all) -> the final
-        hidden states [rows, hidden]."""
+        """A step of `decodes_alone` -> the final hidden states [rows, hidden]."""
         batch = meta.decode_batch
-        if batch is None or meta.prefills or batch.num_seqs != input_ids.shape[0]:
+        if batch is None or not decodes_alone(meta):
             raise ValueError("native decoder: the step is not decodes alone")
         slots, tables = meta.slot_mapping, batch.block_tables
         # The kernel writes where these point: out of range would be outside the cache.
@@ -67,27 +67,34 @@ class NativeDecoder:
         return self._kernel(self.decoder, x, positions, slots, tables, batch.context_lens)
 
 
+def decodes_alone(meta: AttentionMetadata) -> bool:
+    """Whether a step is decodes alone, what `NativeDecoder` takes: one token per chunk, all
+    in the decode batch."""
+    return meta.decode_batch is not None and not meta.prefills
+
+
 def native_decoder(model: nn.Module, kv_caches: list[torch.Tensor]) -> NativeDecoder | None:
     """The model's decode steps as one native call, or None when the kernel cannot read its
     layers (see the module's docstring) or native kernels are off."""
     kernels = native.kernels()
-    if kernels is None or not isinstance(model, LlamaForCausalLM):
+    if kernels is None or not isinstance(model, LlamaForCausalLM) or not kv_caches:
         return None
-    held: list[torch.Tensor] = []
+    held: list[object] = []
     layers = []
     for layer, cache in zip(model.model.layers, kv_caches, strict=True):
-        described = _layer(layer, cache, held) if isinstance(layer, LlamaDecoderLayer) else None
+        if not isinstance(layer, LlamaDecoderLayer):
+            return None
+        described = _layer(layer, cache, kernels.integer_panels, held)
         if described is None:
             return None
         layers.append(described)
-    final_norm = _vector(model.model.norm.weight, model.config.hidden_size, held)
-    if final_norm is None or not layers:
-        return None
+        attention = layer.self_attn.attn
     cfg = model.config
-    first = model.model.layers[0]
-    assert isinstance(first, LlamaDecoderLayer)
-    attention = first.self_attn.attn
+    final_norm = _vector(model.model.norm.weight, cfg.hidden_size, held)
+    if final_norm is None:
+        return None
     array = (DecoderLayer * len(layers))(*layers)
+    held.append(array)
     decoder = Decoder(
         num_layers=len(layers),
         hidden=cfg.hidden_size,
@@ -103,12 +110,11 @@ def native_decoder(model: nn.Module, kv_caches: list[torch.Tensor]) -> NativeDec
         layers=ctypes.cast(array, ctypes.POINTER(DecoderLayer)),
         final_norm=final_norm,
     )
-    decoder._array = array  # type: ignore[attr-defined]  # the layers live as long as it does
     return NativeDecoder(model, decoder, held, kernels.decode_step)
 
 
 def _layer(
-    layer: LlamaDecoderLayer, cache: torch.Tensor, held: list[torch.Tensor]
+    layer: LlamaDecoderLayer, cache: torch.Tensor, integer: bool, held: list[object]
 ) -> DecoderLayer | None:
     attention, mlp = layer.self_attn, layer.mlp
     hidden = layer.input_layernorm.weight.shape[0]
@@ -117,7 +123,7 @@ def _layer(
         for norm in (layer.input_layernorm, layer.post_attention_layernorm)
     ]
     projections = [
-        _projection(module, held)
+        _projection(module, integer, held)
         for module in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
     ]
     if (
@@ -135,8 +141,9 @@ def _layer(
     return DecoderLayer(norms[0], norms[1], qkv, o, gate_up, down, cache.data_ptr())
 
 
-def _projection(module: nn.Module, held: list[torch.Tensor]) -> Projection | None:
-    """The layer's packed weight, when it is one the kernel multiplies."""
+def _projection(module: nn.Module, integer: bool, held: list[object]) -> Projection | None:
+    """The layer's packed weight, when it is one the kernel multiplies (integer panels only
+    where the CPU has integer dot products: `integer`)."""
     if isinstance(module, PanelLinear):
         kind, panels, scale, out_features = FLOAT_PANELS, module.panels, None, module.out_features
     elif isinstance(module, Int8Linear) and module.gemm is not None and module.qweight.dim() > 2:
@@ -147,13 +154,13 @@ def _projection(module: nn.Module, held: list[torch.Tensor]) -> Projection | Non
     depth = panels.shape[1] * (GROUP_DEPTH if kind == INTEGER_PANELS else 1)
     bias = module.bias
     pointers = [_vector(v, out_features, held) if v is not None else 0 for v in (scale, bias)]
-    if None in pointers or not panels.is_contiguous():
+    if None in pointers or not panels.is_contiguous() or (kind == INTEGER_PANELS and not integer):
         return None
     held.append(panels)
     return Projection(kind, panels.data_ptr(), pointers[0], pointers[1], out_features, depth)
 
 
-def _vector(values: torch.Tensor, size: int, held: list[torch.Tensor]) -> int | None:
+def _vector(values: torch.Tensor, size: int, held: list[object]) -> int | None:
     """The address of float32 `values` [size], or None when they are not that."""
     if values.dtype != torch.float32 or values.shape != (size,) or not values.is_contiguous():
         return None

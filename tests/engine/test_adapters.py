@@ -145,8 +145,11 @@ def test_base_requests_are_unaffected_by_adapters_beside_them(
 ) -> None:
     prompt = _prompt(21, 6)
     [alone] = make_engine().generate([prompt], GREEDY)
+    with_adapters = _engine(tiny_dir, adapter_dirs)
+    # The one-call decode step does not see adapters' rows: such a model keeps PyTorch's path.
+    assert with_adapters.runner.native_decoder is None
     results = _greedy(
-        _engine(tiny_dir, adapter_dirs),
+        with_adapters,
         {"base": (prompt, ""), "a": (prompt, "every-module"), "b": (prompt, "attention-qv")},
     )
     assert results["base"][0] == list(alone.token_ids)

@@ -84,20 +84,35 @@ def test_a_decode_step_matches_the_pytorch_path(
     assert both.steps >= 10 and both.rows > both.steps
 
 
+@pytest.mark.parametrize("budget", [64, 2], ids=["whole-prompts", "one-token-prompt-chunks"])
 def test_decode_steps_take_the_native_call_and_generate_the_same_tokens(
-    make_engine: object,
+    make_engine: object, budget: int
 ) -> None:
-    native_run, pytorch_run = make_engine(), make_engine()  # type: ignore[operator]
-    assert native_run.runner.native_decoder is not None
+    """With a budget of 2 tokens a step can hold one sequence's decode and one token of
+    another's prompt: both one-token chunks, so the native call takes the step, and only
+    the decode's row samples."""
+    native_run = make_engine(max_num_batched_tokens=budget)  # type: ignore[operator]
+    pytorch_run = make_engine(max_num_batched_tokens=budget)  # type: ignore[operator]
+    runner = native_run.runner
+    assert runner.native_decoder is not None
     pytorch_run.runner.native_decoder = None
-    calls = []
-    decoder = native_run.runner.native_decoder
+    decoder, execute = runner.native_decoder, runner.execute
+    rows: list[int] = []
+    partial_steps = []
 
-    def counted(*args: object) -> torch.Tensor:
-        calls.append(1)
-        return decoder(*args)
+    def counted(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        rows.append(input_ids.shape[0])
+        return decoder(input_ids, *args)
 
-    native_run.runner.native_decoder = counted
+    def watched(*args: object) -> object:
+        calls = len(rows)
+        sampled = execute(*args)
+        if len(rows) > calls and len(sampled) < rows[-1]:
+            partial_steps.append(rows[-1])
+        return sampled
+
+    runner.native_decoder = counted
+    runner.execute = watched
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     results = []
     for engine in (native_run, pytorch_run):
@@ -105,7 +120,8 @@ def test_decode_steps_take_the_native_call_and_generate_the_same_tokens(
             engine.add_request(f"r{i}", prompt, params)
         results.append({rid: tokens_of(out) for rid, out in run_all(engine).items()})
     assert results[0] == results[1]
-    assert len(calls) >= 15
+    assert len(rows) >= 15
+    assert bool(partial_steps) == (budget == 2)
 
 
 def test_a_model_with_unpacked_layers_keeps_the_pytorch_path(make_engine: object) -> None:
