@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.admission.attachments import attach_in
 from services.admission.rate_headers import rate_limit_headers
 from services.admission.requests import GenerateParams
-from services.core.db import Database, driver_cursor, single_statement
-from services.core.errors import (
-    ApiError,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    QuotaExceeded,
+from services.core.db import Database, driver_cursor
+from services.core.errors import ApiError, NotFound
+from services.core.eventstore import Append, append_in
+from services.core.quota_store import (
+    Snapshot,
+    Subject,
+    TenantLimits,
+    load_limits,
+    subjects,
+    usage_now,
 )
-from services.core.eventstore import Append, append_in, view_from_row
-from services.core.quota_store import Subject, load_limits, subjects, usage_now, window_entries
-from services.core.quotas import (
-    MODEL_NOT_PRICED,
-    Demand,
-    Refusal,
-    SubjectUsage,
-    cost_of,
-    oversized,
-    refusal,
-    window_wait,
-)
-from services.core.runs import NewEvent, NewRun, RunState, RunView, StoredEvent
-from services.core.schema import runs
+from services.core.quotas import Demand
+from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +73,24 @@ class Admitted:
     rate_limits: dict[str, str] = field(default_factory=dict)
 
 
-async def admit(db: Database, admission: Admission) -> Admitted:
-    """Appends `queued`, then checks the tenant's and the key's limits and reserves the
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The tenant's and its key's limits and what they hold now, read under the tenant's
+    row lock inside the transaction that would store the run."""
+
+    conn: AsyncConnection
+    limits: TenantLimits
+    subjects: Sequence[Subject]
+    snapshot: Snapshot
+
+
+async def admit(
+    db: Database, admission: Admission, refuse: Callable[[Held], Awaitable[ApiError | None]]
+) -> Admitted:
+    """Appends `queued`, then asks `refuse` (the quota checks, checks.py) and reserves the
     run's KV blocks, tokens and worst-case spend.
 
-    Raises QuotaExceeded, or IdempotencyKeyTaken when another run holds the key. The
+    Raises the refusal, or IdempotencyKeyTaken when another run holds the key. The
     tenant row lock serializes this tenant's (and its keys') admissions, so it is taken
     last: held for the usage read, the reservation and the commit, not the whole
     transaction.
@@ -103,7 +107,7 @@ async def admit(db: Database, admission: Admission) -> Admitted:
         [queued] = await append_in(
             conn, Append(admission.run_id, 0, [event], new_run, None, admission.traceparent)
         )
-        reserved = await _reserve(conn, admission)
+        reserved = await _reserve(conn, admission, refuse)
         if admission.replica_id:
             await attach_in(
                 conn, admission.run_id, admission.replica_id, admission.params.disconnect_grace
@@ -138,22 +142,21 @@ class Reserved:
     rate_limits: dict[str, str]
 
 
-async def _reserve(conn: AsyncConnection, admission: Admission) -> Reserved:
-    """Reserves the run within the tenant's limits and its key's; raises QuotaExceeded."""
+async def _reserve(
+    conn: AsyncConnection,
+    admission: Admission,
+    refuse: Callable[[Held], Awaitable[ApiError | None]],
+) -> Reserved:
+    """Reserves the run unless `refuse` refuses it within the tenant's and key's limits."""
     limits = await load_limits(conn, admission.tenant_id, admission.key_id, lock=True)
     if limits is None:
         raise NotFound(f"tenant {admission.tenant_id} does not exist")
     demand = admission.demand()
-    for own in (limits.tenant, limits.key):
-        too_large = oversized(own, demand) if own is not None else None
-        if too_large is not None:
-            raise InvalidArgument([too_large])
     of = subjects(admission.tenant_id, admission.key_id, limits)
     snapshot = await usage_now(conn, of)
-    for subject, usage in zip(of, snapshot.usages, strict=True):
-        refused = refusal(usage, demand)
-        if refused is not None:
-            raise await _exceeded(conn, subject, usage, refused, demand)
+    refused = await refuse(Held(conn, limits, of, snapshot))
+    if refused is not None:
+        raise refused
     charged = [
         (subject, start)
         for subject, start in zip(of, snapshot.period_starts, strict=True)
@@ -180,29 +183,3 @@ async def _reserve(conn: AsyncConnection, admission: Admission) -> Reserved:
             },
         )
     return Reserved(limits.weight, rate_limit_headers(snapshot.usages, demand))
-
-
-async def _exceeded(
-    conn: AsyncConnection, subject: Subject, usage: SubjectUsage, refused: Refusal, demand: Demand
-) -> ApiError:
-    if refused.reason == MODEL_NOT_PRICED:
-        return FailedPrecondition(
-            refused.description, MODEL_NOT_PRICED, {"subject": refused.subject}
-        )
-    retry_after = refused.retry_after
-    if retry_after is None:  # a window limit
-        entries = await window_entries(conn, subject, usage.now)
-        limit = getattr(usage.limits, refused.limit)
-        cost = cost_of(refused.limit, demand)
-        retry_after = window_wait(entries, refused.limit, limit, cost, usage.now)
-    return QuotaExceeded(refused.description, refused.subject, retry_after, refused.reason)
-
-
-async def find_by_idempotency_key(db: Database, tenant_id: str, key: str) -> RunView | None:
-    async with single_statement(db) as conn:
-        row = (
-            await conn.execute(
-                sa.select(runs).where(runs.c.tenant_id == tenant_id, runs.c.idempotency_key == key)
-            )
-        ).first()
-    return view_from_row(row._mapping) if row else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
+from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.console import ConsoleSettings, console_router
@@ -15,7 +16,7 @@ from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.http_app import create_app
 from services.admission.http_server import HttpServer
 from services.admission.requests import Limits
-from services.admission.scheduler_client import QueueDepth, SchedulerClient
+from services.admission.scheduler_client import SchedulerClient
 from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
 from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
@@ -78,12 +79,14 @@ class AdmissionSettings:
             config=GatewayConfig(
                 limits=limits,
                 block_size=env_int("TOLLGATE_BLOCK_SIZE", 16),
-                max_queue_depth=env_int("TOLLGATE_MAX_QUEUE_DEPTH", 10_000),
-                tenant_queue_share=env_float("TOLLGATE_TENANT_QUEUE_SHARE", 0.5),
-                max_interactive_queue_depth=env_int("TOLLGATE_MAX_INTERACTIVE_QUEUE_DEPTH", 0),
-                max_batch_queue_depth=env_int("TOLLGATE_MAX_BATCH_QUEUE_DEPTH", 0),
-                batch_kv_watermark=env_float("TOLLGATE_BATCH_KV_WATERMARK", -1.0),
-                interactive_kv_watermark=env_float("TOLLGATE_INTERACTIVE_KV_WATERMARK", -2.0),
+                queue=QueueBounds(
+                    max_queue_depth=env_int("TOLLGATE_MAX_QUEUE_DEPTH", 10_000),
+                    tenant_share=env_float("TOLLGATE_TENANT_QUEUE_SHARE", 0.5),
+                    max_interactive_depth=env_int("TOLLGATE_MAX_INTERACTIVE_QUEUE_DEPTH", 0),
+                    max_batch_depth=env_int("TOLLGATE_MAX_BATCH_QUEUE_DEPTH", 0),
+                    batch_kv_watermark=env_float("TOLLGATE_BATCH_KV_WATERMARK", -1.0),
+                    interactive_kv_watermark=env_float("TOLLGATE_INTERACTIVE_KV_WATERMARK", -2.0),
+                ),
                 max_concurrent_streams=env_int(
                     "TOLLGATE_MAX_CONCURRENT_STREAMS", DEFAULT_MAX_CONCURRENT_STREAMS
                 ),
@@ -114,17 +117,16 @@ async def main(settings: AdmissionSettings) -> None:
         feed.run(),
         OutboxRelay.from_settings(db, settings.common).run(),
     ]
-    depth = QueueDepth()
     if settings.scheduler_address:
         scheduler = SchedulerClient(settings.scheduler_address, settings.common.internal_token)
-        background.append(scheduler.watch_queue_depth(depth))
+        background.append(scheduler.watch_fleet())
     gateway = Gateway(
         db,
         catalog,
         feed,
         Canceller(EventStore(db), scheduler),
         settings.config,
-        depth,
+        fleet=(lambda: scheduler.view) if scheduler is not None else None,
         on_queued=scheduler.hint if scheduler is not None else None,
     )
     background.append(gateway.run())

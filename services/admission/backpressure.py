@@ -22,47 +22,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-
 from services.core.config import ConfigError
-from services.core.db import Database, single_statement
 from services.core.errors import ApiError, QuotaExceeded, Unavailable
-from services.core.schema import runs
+from services.core.fleet import BATCH, FleetView
 
 QUEUE_FULL_RETRY_SECONDS = 1.0
 SHARE_RETRY_SECONDS = 2.0
 # Under a KV watermark the queue drains at the pace runs finish: seconds, not instants.
 KV_RETRY_SECONDS = 5.0
-INTERACTIVE, BATCH = "interactive", "batch"
-
-
-@dataclass(frozen=True, slots=True)
-class FleetLoad:
-    """The scheduler's queue and the fleet's KV blocks, as it last reported them."""
-
-    num_interactive: int = 0
-    num_batch: int = 0
-    num_free_blocks: int = 0
-    num_total_blocks: int = 0  # 0: no live worker known
-    num_queued_interactive_blocks: int = 0
-    num_queued_batch_blocks: int = 0
-
-    def num_queued(self, priority: str) -> int:
-        return self.num_batch if priority == BATCH else self.num_interactive
-
-    def free_kv(self, priority: str) -> float | None:
-        """Free blocks less those queued ahead of a new run of `priority`, as a fraction
-        of the fleet's blocks; None when the fleet's size is not known."""
-        if self.num_total_blocks <= 0:
-            return None
-        ahead = self.num_queued_interactive_blocks
-        if priority == BATCH:
-            ahead += self.num_queued_batch_blocks
-        return (self.num_free_blocks - ahead) / self.num_total_blocks
 
 
 @dataclass(frozen=True, slots=True)
 class QueueBounds:
+    """How many runs the queue, each class and each tenant may hold, and the free KV under
+    which each class is refused (TOLLGATE_MAX_QUEUE_DEPTH and the rest of its settings)."""
+
     max_queue_depth: int = 10_000
     # The fraction of `max_queue_depth` one tenant may hold queued, and its floor in runs.
     tenant_share: float = 0.5
@@ -100,7 +74,7 @@ def queue_refusal(bounds: QueueBounds, depth: int) -> ApiError | None:
     return None
 
 
-def class_refusal(bounds: QueueBounds, load: FleetLoad, priority: str) -> ApiError | None:
+def class_refusal(bounds: QueueBounds, load: FleetView, priority: str) -> ApiError | None:
     """The refusal of a new run of `priority`: its class's queue is full, or the fleet's
     free KV is under the class's watermark."""
     depth, bound = load.num_queued(priority), bounds.max_class_depth(priority)
@@ -138,27 +112,3 @@ def share_refusal(bounds: QueueBounds, tenant_id: str, num_queued: int) -> ApiEr
         retry_after=SHARE_RETRY_SECONDS,
         reason="CONCURRENCY_LIMITED",
     )
-
-
-async def num_queued(db: Database, tenant_id: str, at_most: int) -> int:
-    """The tenant's queued runs, counted up to `at_most` (index `runs_tenant_queued`)."""
-    some = (
-        sa.select(sa.literal(1))
-        .where(runs.c.tenant_id == tenant_id, runs.c.state == "queued")
-        .limit(at_most)
-        .subquery()
-    )
-    async with single_statement(db) as conn:
-        return int(await conn.scalar(sa.select(sa.func.count()).select_from(some)) or 0)
-
-
-async def overload_refusal(
-    db: Database, bounds: QueueBounds, depth: int, load: FleetLoad, tenant_id: str, priority: str
-) -> ApiError | None:
-    """Why a new run of `tenant_id` is refused while the queue holds `depth` runs and the
-    fleet carries `load`; None: admit."""
-    refused = queue_refusal(bounds, depth) or class_refusal(bounds, load, priority)
-    if refused is not None or not may_hold_a_share(bounds, depth):
-        return refused
-    queued = await num_queued(db, tenant_id, bounds.runs_per_tenant())
-    return share_refusal(bounds, tenant_id, queued)

@@ -6,26 +6,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from prometheus_client import Counter as MetricCounter
 
-from services.admission.admit import Admission, Admitted, admit, find_by_idempotency_key
+from services.admission.admit import Admission, Admitted, admit
 from services.admission.attachments import Attachments
-from services.admission.backpressure import QueueBounds, overload_refusal
+from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
-from services.admission.requests import (
-    GenerateParams,
-    Limits,
-    blocks_needed,
-    context_violation,
-    event_size_violation,
-    validate,
-    vocabulary_violation,
-)
-from services.admission.scheduler_client import QueueDepth
+from services.admission.checks import Candidate, Checks
+from services.admission.requests import GenerateParams, Limits, blocks_needed
+from services.admission.run_store import find_by_idempotency_key
 from services.admission.spend import worst_case_micros
 from services.admission.stream import RunFeed, stream_events
 from services.admission.stream_limits import (
@@ -35,10 +28,11 @@ from services.admission.stream_limits import (
 )
 from services.admission.tenants import TenantRepository
 from services.admission.tracing import generate_span
-from services.core.codec import encoded_size
+from services.core.auth import Principal, authenticate
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused
 from services.core.eventstore import EventStore, IdempotencyKeyTaken
+from services.core.fleet import FleetView
 from services.core.key_usage import KeyUsage
 from services.core.ratelimit import FailedAttempts
 from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
@@ -66,35 +60,11 @@ class Started:
 class GatewayConfig:
     limits: Limits
     block_size: int = 16
-    max_queue_depth: int = 10_000
-    # The fraction of `max_queue_depth` one tenant may hold queued, and its floor in runs.
-    tenant_queue_share: float = 0.5
-    min_tenant_queue_share: int = 100
-    # Per class (0: only `max_queue_depth`), and the free-KV watermarks (backpressure.py).
-    max_interactive_queue_depth: int = 0
-    max_batch_queue_depth: int = 0
-    batch_kv_watermark: float = -1.0
-    interactive_kv_watermark: float = -2.0
+    queue: QueueBounds = field(default_factory=QueueBounds)
     # For tenants whose quota does not set `max_concurrent_streams`; 0 = unlimited.
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
     # What budgets reserve at (TOLLGATE_PRICES, as the ledger reads it).
     prices: PriceTable = field(default_factory=PriceTable)
-
-    def __post_init__(self) -> None:
-        # Built once here, so bad watermarks stop the process at start, not a request.
-        _ = self.queue_bounds
-
-    @property
-    def queue_bounds(self) -> QueueBounds:
-        return QueueBounds(
-            self.max_queue_depth,
-            self.tenant_queue_share,
-            self.min_tenant_queue_share,
-            self.max_interactive_queue_depth,
-            self.max_batch_queue_depth,
-            self.batch_kv_watermark,
-            self.interactive_kv_watermark,
-        )
 
 
 class Gateway:
@@ -105,23 +75,26 @@ class Gateway:
         feed: RunFeed,
         canceller: Canceller,
         config: GatewayConfig,
-        queue_depth: QueueDepth | None = None,
+        fleet: Callable[[], FleetView] | None = None,
         on_queued: Callable[[Admitted], None] | None = None,
         attachments: Attachments | None = None,
     ) -> None:
-        """`on_queued` is told of each new run once its `queued` event is committed;
-        `run()` cancels the runs their clients abandoned."""
+        """`fleet` gives the scheduler's latest answer (None: no scheduler, no load checks);
+        `on_queued` is told of each new run once its `queued` event is committed; `run()`
+        cancels the runs their clients abandoned."""
         self.db = db
         self.store = EventStore(db)
         self.catalog = catalog
         self.feed = feed
         self.canceller = canceller
         self.config = config
-        self.queue_depth = queue_depth
         self.on_queued = on_queued
         self.attachments = attachments or Attachments(db)
         self.streams = StreamCounts()
         self.stream_limits = StreamLimits(TenantRepository(db), config.max_concurrent_streams)
+        self.checks = Checks(
+            db, catalog, config.limits, config.queue, self.streams, self.stream_limits, fleet
+        )
         # Failed authentications per peer, on both fronts.
         self.auth_failures = FailedAttempts()
         # Each key's last use, written in batches by `run()`.
@@ -140,32 +113,34 @@ class Gateway:
             return started
 
     async def _start(self, tenant_id: str, params: GenerateParams, key_id: str) -> Started:
-        validate(params, self.catalog.names(), self.config.limits)
-        # Refused before a run exists whose stream would be refused.
-        self.streams.check(tenant_id, await self.stream_limits.get(tenant_id))
-        # A key seen before is found when admitting conflicts on it: new keys, the common
-        # case, cost no extra query.
-        if self.queue_depth is not None:
-            refused = await overload_refusal(
-                self.db,
-                self.config.queue_bounds,
-                self.queue_depth.value,
-                self.queue_depth.load,
-                tenant_id,
-                params.priority,
-            )
-            if refused is not None:
-                existing = await self._existing(tenant_id, params)
-                if existing is not None:
-                    return Started(self._same_request(existing, params))
+        checks, candidate = self.checks, Candidate(tenant_id, key_id, params)
+        refused = await checks.first_refusal(checks.on_request, candidate)
+        if refused is not None:
+            raise refused
+        # A key seen before is looked up only when the load refuses a run or admitting
+        # conflicts on it: new keys, the common case, cost no extra query.
+        refused = await checks.first_refusal(checks.on_load, candidate)
+        if refused is not None:
+            existing = await self._existing(tenant_id, params)
+            if existing is None:
                 raise refused
-        admission = await self._prepare(tenant_id, params, key_id)
-        prompt_token_ids = admission.prompt_token_ids
+            return Started(self._same_request(existing, params))
+        admission = await self._prepare(candidate)
+        candidate = replace(candidate, admission=admission)
+        refused = await checks.first_refusal(checks.on_tokens, candidate)
+        if refused is not None:
+            raise refused
         with get_tracer().start_as_current_span("tollgate.admission.admit") as span:
             span.set_attribute("tollgate.run_id", admission.run_id)
-            span.set_attribute("gen_ai.usage.input_tokens", len(prompt_token_ids))
+            span.set_attribute("gen_ai.usage.input_tokens", len(admission.prompt_token_ids))
             try:
-                admitted = await admit(self.db, admission)
+                admitted = await admit(
+                    self.db,
+                    admission,
+                    lambda held: checks.first_refusal(
+                        checks.on_hold, replace(candidate, held=held)
+                    ),
+                )
             except IdempotencyKeyTaken:
                 existing = await self._existing(tenant_id, params)
                 assert existing is not None
@@ -177,7 +152,7 @@ class Gateway:
             "run admitted",
             run_id=admission.run_id,
             tenant_id=tenant_id,
-            prompt_tokens=len(prompt_token_ids),
+            prompt_tokens=len(admission.prompt_token_ids),
         )
         return Started(admission.run_id, (admitted.queued,), admitted.rate_limits)
 
@@ -188,43 +163,34 @@ class Gateway:
             self.attachments.run(self._cancel_abandoned), self.key_usage.run(self.db)
         )
 
-    async def _prepare(self, tenant_id: str, params: GenerateParams, key_id: str) -> Admission:
-        """The run to admit: its prompt tokenized and checked against the model, and its
-        `queued` event against the size the broker takes."""
+    async def _prepare(self, candidate: Candidate) -> Admission:
+        """The run to admit, its prompt tokenized by the model's tokenizer."""
+        params = candidate.params
         model = self.catalog.get(params.model)
         prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
-        refused = context_violation(
-            len(prompt_token_ids), params.sampling.max_tokens, model.context_length
-        ) or vocabulary_violation(params.sampling, model.vocab_size)
-        if refused is None and self.queue_depth is not None:
-            refused = self.queue_depth.fit_violation(
-                params.model, len(prompt_token_ids), params.sampling.max_tokens
-            )
-        if refused:
-            raise refused
-        admission = Admission(
+        max_tokens = params.sampling.max_tokens
+        return Admission(
             run_id=f"run_{uuid.uuid4().hex}",
-            tenant_id=tenant_id,
+            tenant_id=candidate.tenant_id,
             params=params,
             prompt_token_ids=prompt_token_ids,
-            num_kv_blocks=blocks_needed(
-                len(prompt_token_ids) + params.sampling.max_tokens, self.config.block_size
-            ),
+            num_kv_blocks=blocks_needed(len(prompt_token_ids) + max_tokens, self.config.block_size),
             traceparent=current_traceparent(),
             replica_id=self.attachments.replica_id,
-            key_id=key_id,
+            key_id=candidate.key_id,
             spend_micros=worst_case_micros(
-                self.config.prices,
-                params.model,
-                len(prompt_token_ids),
-                params.sampling.max_tokens,
+                self.config.prices, params.model, len(prompt_token_ids), max_tokens
             ),
         )
-        num_bytes = encoded_size(RunState.QUEUED, admission.queued_payload())
-        too_large = event_size_violation(params, num_bytes, self.config.limits)
-        if too_large:
-            raise too_large
-        return admission
+
+    async def principal(self, metadata: Sequence[tuple[str, str | bytes]], peer: str) -> Principal:
+        """The tenant's API key that the request's `authorization` names; raises
+        Unauthenticated. Both front doors ask here, so failures count per peer on both."""
+        principal = await authenticate(
+            self.db, metadata, peer=peer, failures=self.auth_failures, usage=self.key_usage
+        )
+        assert principal.tenant_id is not None
+        return principal
 
     async def aclose(self) -> None:
         await self.key_usage.flush_logged(self.db)

@@ -34,8 +34,8 @@ from services.admission.http_responses import (
     sse_frame,
 )
 from services.admission.requests import GenerateParams, Limits
-from services.admission.runs_query import get_tenant_run
-from services.core.auth import Principal, authenticate, require_model
+from services.admission.run_store import get_tenant_run
+from services.core.auth import Principal, require_model
 from services.core.errors import (
     ApiError,
     FieldViolation,
@@ -168,15 +168,7 @@ class HttpApi:
     async def _principal(self, request: Request) -> Principal:
         header = request.headers.get("authorization", "")
         peer = request.client.host if request.client is not None else ""
-        principal = await authenticate(
-            self.gateway.db,
-            [("authorization", header)],
-            peer=peer,
-            failures=self.gateway.auth_failures,
-            usage=self.gateway.key_usage,
-        )
-        assert principal.tenant_id is not None
-        return principal
+        return await self.gateway.principal([("authorization", header)], peer)
 
     @property
     def _limits(self) -> Limits:

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import grpc
-
 from services.core.codec import PROTO_STATES, rfc3339
 from services.core.errors import (
     ApiError,
@@ -34,15 +32,15 @@ DONE = b"data: [DONE]\n\n"
 # The engine says why a sequence ended; OpenAI's clients know "stop" and "length".
 FINISH_REASONS = {"stop_sequence": "stop"}
 
-# gRPC status -> (HTTP status, OpenAI error type).
-STATUSES: Mapping[grpc.StatusCode, tuple[int, str]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
-    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
-    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
-    grpc.StatusCode.FAILED_PRECONDITION: (409, "invalid_request_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+# An API error's status code -> (HTTP status, OpenAI error type).
+STATUSES: Mapping[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
+    "NOT_FOUND": (404, "not_found_error"),
+    "FAILED_PRECONDITION": (409, "invalid_request_error"),
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (503, "service_unavailable"),
 }
 
 
@@ -62,7 +60,8 @@ def error_body(
 def http_error(error: ApiError, param_names: Mapping[str, str] | None = None) -> HttpError:
     """The HTTP status, OpenAI error body and headers that tell a client of `error`."""
     status, error_type = STATUSES.get(error.code, (500, "server_error"))
-    message, param, code = error.message, None, error.code.name.lower()
+    message, param = error.message, None
+    code: str | None = error.code.lower()
     headers = {}
     if isinstance(error, InvalidArgument):
         names = param_names or {}

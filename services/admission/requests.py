@@ -1,4 +1,4 @@
-"""A generation request as the core sees it, and its validation (no I/O)."""
+"""A generation request as the core sees it, and the checks of its fields (no I/O)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from services.core.errors import FieldViolation, InvalidArgument
+from services.core.errors import FieldViolation
 from services.core.validation import shown, text_violation
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -80,14 +80,14 @@ class GenerateParams:
         return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
-def validate(params: GenerateParams, models: Collection[str], limits: Limits) -> None:
-    """Raises InvalidArgument listing every bad field."""
-    violations = [
+def field_violations(
+    params: GenerateParams, models: Collection[str], limits: Limits
+) -> list[FieldViolation]:
+    """Every bad field of the request, each named as the gRPC request names it."""
+    return [
         *_request_violations(params, models, limits),
         *_sampling_violations(params.sampling, limits),
     ]
-    if violations:
-        raise InvalidArgument(violations)
 
 
 def _request_violations(
@@ -171,36 +171,6 @@ def _sampling_violations(sampling: Sampling, limits: Limits) -> list[FieldViolat
     elif any(t < 0 for t in sampling.stop_token_ids):
         found.append(FieldViolation("sampling.stop_token_ids", "token ids are >= 0"))
     return found
-
-
-def vocabulary_violation(sampling: Sampling, vocab_size: int) -> InvalidArgument | None:
-    """Stop token ids the model can never produce are a client's mistake."""
-    if all(t < vocab_size for t in sampling.stop_token_ids):
-        return None
-    message = f"token ids must be below the model's vocabulary size, {vocab_size}"
-    return InvalidArgument([FieldViolation("sampling.stop_token_ids", message)])
-
-
-def event_size_violation(
-    params: GenerateParams, num_bytes: int, limits: Limits
-) -> InvalidArgument | None:
-    if num_bytes <= limits.max_event_bytes:
-        return None
-    field = "messages" if params.messages else "prompt"
-    message = f"the request encodes to {num_bytes} bytes, more than {limits.max_event_bytes}"
-    return InvalidArgument([FieldViolation(field, message)])
-
-
-def context_violation(
-    num_prompt_tokens: int, max_tokens: int, context_length: int
-) -> InvalidArgument | None:
-    if num_prompt_tokens + max_tokens <= context_length:
-        return None
-    if num_prompt_tokens >= context_length:
-        message = f"{num_prompt_tokens} prompt tokens exceed the context length of {context_length}"
-        return InvalidArgument([FieldViolation("prompt", message)])
-    message = f"prompt ({num_prompt_tokens} tokens) + max_tokens exceeds the context length of {context_length}"
-    return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:

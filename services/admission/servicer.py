@@ -20,22 +20,17 @@ from services.admission.quota_proto import (
     rate_fields,
 )
 from services.admission.requests import PRIORITIES, GenerateParams, Limits, Sampling
-from services.admission.runs_query import get_tenant_run, list_runs
+from services.admission.run_store import get_tenant_run, list_runs
 from services.admission.tenants import (
     DEFAULT_MAX_CONCURRENT_RUNS,
     TenantRecord,
     TenantRepository,
 )
-from services.core.auth import (
-    Principal,
-    authenticate,
-    bearer_token,
-    is_admin_token,
-    require_model,
-)
+from services.core.auth import Principal, bearer_token, is_admin_token, require_model
 from services.core.codec import PROTO_STATES, to_proto
 from services.core.db import Database
-from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated, rpc_errors
+from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated
+from services.core.grpc_errors import rpc_errors
 from services.core.runs import RunView
 from services.core.telemetry import bound_log_context
 from services.core.validation import duration_seconds, seq_violation, text_violation
@@ -50,15 +45,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.gateway = gateway
 
     async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
-        principal = await authenticate(
-            self.gateway.db,
-            context.invocation_metadata(),
-            peer=context.peer(),
-            failures=self.gateway.auth_failures,
-            usage=self.gateway.key_usage,
-        )
-        assert principal.tenant_id is not None
-        return principal
+        return await self.gateway.principal(context.invocation_metadata() or (), context.peer())
 
     async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         tenant_id = (await self._principal(context)).tenant_id

@@ -41,9 +41,13 @@ class StreamCounts:
     def num_open(self, tenant_id: str) -> int:
         return self._open[tenant_id]
 
+    def is_full(self, tenant_id: str, limit: int) -> bool:
+        """Whether one more stream would be too many."""
+        return bool(limit) and self._open[tenant_id] >= limit
+
     def check(self, tenant_id: str, limit: int) -> None:
         """Raises QuotaExceeded (STREAMS_LIMITED) when one more stream would be too many."""
-        if limit and self._open[tenant_id] >= limit:
+        if self.is_full(tenant_id, limit):
             raise streams_limited(tenant_id, limit)
 
     @contextlib.contextmanager

@@ -1,30 +1,22 @@
-"""API errors as values, and their translation into rich gRPC statuses.
+"""API errors as values: what a client is told, with no protocol in it.
 
-The core raises `ApiError`s; servicers let them propagate, and `rpc_errors`
-turns them into `google.rpc.Status` with the standard detail messages
-(BadRequest, QuotaFailure, RetryInfo, ErrorInfo). Anything else a method raises
-becomes UNAVAILABLE when the database is out of reach (clients retry), else
-INTERNAL; its text, which may hold SQL and its parameters, goes to the log only.
+The core raises `ApiError`s. Each names its status as gRPC's canonical code name
+(`INVALID_ARGUMENT`, ...), which both front doors translate: `services.core.grpc_errors`
+into a rich `google.rpc.Status`, admission's HTTP door into an HTTP status and an OpenAI
+error body. `as_api_error` says what a client is told of any other exception: UNAVAILABLE
+when the database is out of reach (clients retry), else INTERNAL, whose text, which may
+hold SQL and its parameters, goes to the log only.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-import grpc
 import psycopg
 import sqlalchemy.exc
 import structlog
-from google.protobuf import any_pb2, duration_pb2
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 from prometheus_client import Counter
-
-ERROR_DOMAIN = "tollgate.v1"
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +44,8 @@ MAX_VIOLATIONS = 10
 
 
 class ApiError(Exception):
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    # The canonical status code's name, as gRPC spells it.
+    code: str = "INTERNAL"
 
     def __init__(self, message: str) -> None:
         if len(message) > MAX_MESSAGE:
@@ -60,20 +53,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.message = message
 
-    def details(self) -> list[Any]:
-        return []
-
-    def to_status(self) -> status_pb2.Status:
-        packed = []
-        for detail in self.details():
-            wrapper = any_pb2.Any()
-            wrapper.Pack(detail)
-            packed.append(wrapper)
-        return status_pb2.Status(code=self.code.value[0], message=self.message, details=packed)
-
 
 class InvalidArgument(ApiError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = "INVALID_ARGUMENT"
 
     def __init__(self, violations: Sequence[FieldViolation]) -> None:
         """Names the first MAX_VIOLATIONS of `violations`."""
@@ -83,51 +65,31 @@ class InvalidArgument(ApiError):
         super().__init__(f"invalid request: {summary}" + (f" (and {more} more)" if more else ""))
         self.violations = shown
 
-    def details(self) -> list[Any]:
-        return [
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(
-                        field=v.field, description=v.description
-                    )
-                    for v in self.violations
-                ]
-            )
-        ]
-
 
 class Unauthenticated(ApiError):
-    code = grpc.StatusCode.UNAUTHENTICATED
+    code = "UNAUTHENTICATED"
 
 
 class PermissionDenied(ApiError):
     """The caller may not do this; `field` names the request field at fault, `reason` is
     the ErrorInfo reason (`MODEL_NOT_ALLOWED`)."""
 
-    code = grpc.StatusCode.PERMISSION_DENIED
+    code = "PERMISSION_DENIED"
 
     def __init__(self, message: str, field: str = "", reason: str = "") -> None:
         super().__init__(message)
         self.field = field
         self.reason = reason
 
-    def details(self) -> list[Any]:
-        if not self.reason:
-            return []
-        metadata = {"field": self.field} if self.field else {}
-        return [
-            error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN, metadata=metadata)
-        ]
-
 
 class NotFound(ApiError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = "NOT_FOUND"
 
 
 class QuotaExceeded(ApiError):
     """A tenant limit; `reason` is the ErrorInfo reason that names which (`STREAMS_LIMITED`)."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, subject: str, retry_after: float, reason: str = "") -> None:
         super().__init__(message)
@@ -135,54 +97,28 @@ class QuotaExceeded(ApiError):
         self.retry_after = retry_after
         self.reason = reason
 
-    def details(self) -> list[Any]:
-        violation = error_details_pb2.QuotaFailure.Violation(
-            subject=self.subject, description=self.message
-        )
-        details: list[Any] = [
-            error_details_pb2.QuotaFailure(violations=[violation]),
-            _retry_info(self.retry_after),
-        ]
-        if self.reason:
-            details.append(
-                error_details_pb2.ErrorInfo(
-                    reason=self.reason, domain=ERROR_DOMAIN, metadata={"subject": self.subject}
-                )
-            )
-        return details
-
 
 class ResourceExhausted(ApiError):
     """Capacity, not a tenant limit, ran out (e.g. a worker's KV blocks)."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = "RESOURCE_EXHAUSTED"
 
 
 class Unavailable(ApiError):
-    code = grpc.StatusCode.UNAVAILABLE
+    code = "UNAVAILABLE"
 
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
-    def details(self) -> list[Any]:
-        return [_retry_info(self.retry_after)]
-
 
 class FailedPrecondition(ApiError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = "FAILED_PRECONDITION"
 
     def __init__(self, message: str, reason: str, metadata: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.metadata = metadata or {}
-
-    def details(self) -> list[Any]:
-        return [
-            error_details_pb2.ErrorInfo(
-                reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
-            )
-        ]
 
 
 class IdempotencyKeyReused(FailedPrecondition):
@@ -194,14 +130,6 @@ class IdempotencyKeyReused(FailedPrecondition):
         )
 
 
-def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
-    delay = duration_pb2.Duration()
-    delay.FromNanoseconds(int(seconds * 1e9))
-    return error_details_pb2.RetryInfo(retry_delay=delay)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 REJECTIONS = Counter(
     "tollgate_rpc_rejections",
     "Calls answered with an error status, by gRPC code and ErrorInfo reason (else the code)",
@@ -211,13 +139,8 @@ REJECTIONS = Counter(
 
 def count_rejection(method: str, error: ApiError) -> None:
     """Counts a refused call; `method` is the RPC, or the HTTP route's path template."""
-    reason = getattr(error, "reason", "") or error.code.name
-    REJECTIONS.labels(method, error.code.name, reason).inc()
-
-
-async def _abort(context: Any, method: str, error: ApiError) -> None:
-    count_rejection(method, error)
-    await context.abort_with_status(rpc_status.to_status(error.to_status()))
+    reason = getattr(error, "reason", "") or error.code
+    REJECTIONS.labels(method, error.code, reason).inc()
 
 
 def as_api_error(method: str, error: Exception) -> ApiError:
@@ -236,70 +159,3 @@ def _is_request_limit(error: Exception) -> bool:
     an OperationalError, but a retry fails the same way."""
     cause = getattr(error, "orig", error)
     return isinstance(cause, psycopg.errors.ProgramLimitExceeded)
-
-
-def rpc_errors(method: F) -> F:
-    """Aborts the call with the rich status of the error the method raises (`as_api_error`)."""
-    name = method.__name__
-    if inspect.isasyncgenfunction(method):
-
-        @functools.wraps(method)
-        async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-            try:
-                async for item in method(self, request, context):
-                    yield item
-            except grpc.aio.AbortError:
-                raise  # the method aborted the call itself
-            except Exception as error:
-                await _abort(context, name, as_api_error(name, error))
-
-        return stream  # type: ignore[return-value]
-
-    @functools.wraps(method)
-    async def unary(self: Any, request: Any, context: Any) -> Any:
-        try:
-            return await method(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as error:
-            await _abort(context, name, as_api_error(name, error))
-
-    return unary  # type: ignore[return-value]
-
-
-def status_details(error: grpc.RpcError) -> list[Any]:
-    """Unpacks the detail messages of a rich status error (client side)."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    if status is None:
-        return []
-    known = (
-        error_details_pb2.BadRequest,
-        error_details_pb2.QuotaFailure,
-        error_details_pb2.RetryInfo,
-        error_details_pb2.ErrorInfo,
-    )
-    details = []
-    for packed in status.details:
-        for kind in known:
-            if packed.Is(kind.DESCRIPTOR):
-                message = kind()
-                packed.Unpack(message)
-                details.append(message)
-    return details
-
-
-__all__ = [
-    "ApiError",
-    "FailedPrecondition",
-    "FieldViolation",
-    "IdempotencyKeyReused",
-    "InvalidArgument",
-    "NotFound",
-    "PermissionDenied",
-    "QuotaExceeded",
-    "ResourceExhausted",
-    "Unauthenticated",
-    "Unavailable",
-    "rpc_errors",
-    "status_details",
-]

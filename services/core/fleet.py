@@ -1,9 +1,13 @@
-"""What the scheduler tells of each worker it knows: the same dataclass on both sides of
-`QueueStats.workers` (the scheduler fills it, admission's console reads it)."""
+"""The scheduler's answer to admission (`SchedulerService.GetQueueStats`): its queues and
+its workers, one `WorkerLoad` a row. The scheduler fills the rows; admission's checks
+and its console read the whole as a `FleetView`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+INTERACTIVE, BATCH = "interactive", "batch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,3 +22,44 @@ class WorkerLoad:
     alive: bool
     draining: bool
     suspect: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """The interface between the scheduler's answer and admission's checks: the queues
+    and the fleet's KV blocks as the scheduler last reported them, without the protobuf or
+    the polling behind them.
+
+    The empty view stands for a scheduler that does not answer, and refuses nothing: no
+    run queued, a fleet of unknown size, no model known to be served."""
+
+    num_interactive: int = 0
+    num_batch: int = 0
+    num_running: int = 0
+    num_workers: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0  # 0: no live worker known
+    # The blocks the queued runs of each class need.
+    num_queued_interactive_blocks: int = 0
+    num_queued_batch_blocks: int = 0
+    # model -> the most tokens (prompt + max_tokens) one run may hold on any live worker
+    # serving it; a model absent is not known to be served yet.
+    max_run_tokens: Mapping[str, int] = field(default_factory=dict)
+    workers: tuple[WorkerLoad, ...] = ()
+
+    @property
+    def num_queued_runs(self) -> int:
+        return self.num_interactive + self.num_batch
+
+    def num_queued(self, priority: str) -> int:
+        return self.num_batch if priority == BATCH else self.num_interactive
+
+    def free_kv(self, priority: str) -> float | None:
+        """Free blocks less those queued ahead of a new run of `priority`, as a fraction
+        of the fleet's blocks; None when the fleet's size is not known."""
+        if self.num_total_blocks <= 0:
+            return None
+        ahead = self.num_queued_interactive_blocks
+        if priority == BATCH:
+            ahead += self.num_queued_batch_blocks
+        return (self.num_free_blocks - ahead) / self.num_total_blocks

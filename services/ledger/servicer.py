@@ -9,7 +9,8 @@ from google.protobuf import timestamp_pb2
 
 from services.core.auth import Principal, authenticate
 from services.core.db import Database
-from services.core.errors import InvalidArgument, rpc_errors
+from services.core.errors import InvalidArgument
+from services.core.grpc_errors import rpc_errors
 from services.core.ratelimit import FailedAttempts
 from services.core.validation import timestamp_violation
 from services.ledger import reconcile, reports

@@ -10,7 +10,8 @@ from datetime import UTC
 
 import grpc
 
-from services.core.errors import FailedPrecondition, FieldViolation, InvalidArgument, rpc_errors
+from services.core.errors import FailedPrecondition, FieldViolation, InvalidArgument
+from services.core.grpc_errors import rpc_errors
 from services.scheduler.cancel import Canceller
 from services.scheduler.records import QueuedRun, queued_run
 from services.scheduler.state import SchedulerState

@@ -6,7 +6,8 @@ import grpc
 
 from engine.errors import RequestError
 from engine.sampling import Priority, SamplingParams
-from services.core.errors import FieldViolation, InvalidArgument, rpc_errors
+from services.core.errors import FieldViolation, InvalidArgument
+from services.core.grpc_errors import rpc_errors
 from services.worker.core import Assignment, WorkerCore
 from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from services.core.errors import status_details
+from tollgate.errors import unpack_details
 
 
 async def refusal(call: Awaitable[Any]) -> tuple[grpc.StatusCode, list[str]]:
@@ -18,7 +18,7 @@ async def refusal(call: Awaitable[Any]) -> tuple[grpc.StatusCode, list[str]]:
         await call
     fields = [
         violation.field
-        for detail in status_details(caught.value)
+        for detail in unpack_details(caught.value)
         if isinstance(detail, error_details_pb2.BadRequest)
         for violation in detail.field_violations
     ]

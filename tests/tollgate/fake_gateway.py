@@ -23,8 +23,8 @@ from services.core.errors import (
     FieldViolation,
     InvalidArgument,
     NotFound,
-    rpc_errors,
 )
+from services.core.grpc_errors import rpc_errors
 from tollgate.v1 import (
     admin_pb2,
     admin_pb2_grpc,

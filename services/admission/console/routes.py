@@ -25,7 +25,7 @@ from services.admission.console.views import (
 from services.admission.gateway import Gateway
 from services.admission.http_responses import run_json
 from services.admission.keys import KeyRepository
-from services.admission.runs_query import MAX_PAGE_SIZE, list_runs
+from services.admission.run_store import MAX_PAGE_SIZE, list_runs
 from services.admission.scheduler_client import SchedulerClient
 from services.admission.tenants import TenantRepository
 from services.core.auth import Principal, authenticate

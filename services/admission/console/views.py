@@ -7,8 +7,7 @@ from typing import Any
 
 from services.admission.console.queries import Latency, TenantTotal
 from services.admission.console.usage import DayUsage
-from services.admission.scheduler_client import Fleet
-from services.core.fleet import WorkerLoad
+from services.core.fleet import FleetView, WorkerLoad
 from services.ledger.reconcile import InvariantReport
 
 # The page shows a few of the runs that break an invariant; `tollgate reconcile` lists all.
@@ -24,7 +23,7 @@ def day_json(day: DayUsage) -> dict[str, Any]:
     }
 
 
-def fleet_json(fleet: Fleet | None) -> dict[str, Any]:
+def fleet_json(fleet: FleetView | None) -> dict[str, Any]:
     if fleet is None:
         return {"available": False, "queues": {}, "workers": []}
     return {

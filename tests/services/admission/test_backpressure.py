@@ -2,15 +2,16 @@
 
 import pytest
 
-from services.admission.backpressure import FleetLoad, QueueBounds, class_refusal
+from services.admission.backpressure import QueueBounds, class_refusal
 from services.core.config import ConfigError
 from services.core.errors import Unavailable
+from services.core.fleet import FleetView
 
 BOUNDS = QueueBounds(batch_kv_watermark=0.1, interactive_kv_watermark=-0.5)
 
 
-def load(num_free_blocks: int, interactive_blocks: int = 0, batch_blocks: int = 0) -> FleetLoad:
-    return FleetLoad(
+def load(num_free_blocks: int, interactive_blocks: int = 0, batch_blocks: int = 0) -> FleetView:
+    return FleetView(
         num_free_blocks=num_free_blocks,
         num_total_blocks=100,
         num_queued_interactive_blocks=interactive_blocks,
@@ -46,16 +47,16 @@ def test_a_batch_backlog_counts_against_batch_runs_only() -> None:
 
 
 def test_a_fleet_of_unknown_size_refuses_nothing_for_kv() -> None:
-    assert class_refusal(BOUNDS, FleetLoad(num_queued_batch_blocks=10**6), "batch") is None
+    assert class_refusal(BOUNDS, FleetView(num_queued_batch_blocks=10**6), "batch") is None
 
 
 def test_each_class_has_its_own_queue_bound() -> None:
     bounds = QueueBounds(max_queue_depth=100, max_batch_depth=10)
-    full = FleetLoad(num_interactive=50, num_batch=11)
+    full = FleetView(num_interactive=50, num_batch=11)
     refused = class_refusal(bounds, full, "batch")
     assert isinstance(refused, Unavailable) and "batch queue is full" in str(refused)
     assert class_refusal(bounds, full, "interactive") is None
-    assert class_refusal(bounds, FleetLoad(num_interactive=101), "interactive") is not None
+    assert class_refusal(bounds, FleetView(num_interactive=101), "interactive") is not None
 
 
 def test_the_interactive_watermark_may_not_be_above_the_batch_one() -> None:

@@ -12,13 +12,16 @@ from grpc_status import rpc_status
 
 from services.admission.admit import Admission as NewAdmission
 from services.admission.admit import Admitted, admit
+from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
+from services.admission.checks import Candidate
 from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import GenerateParams, Limits, Sampling
-from services.admission.scheduler_client import QueueDepth, hinted_run
+from services.admission.scheduler_client import hinted_run
 from services.admission.stream import RunFeed
 from services.core.errors import InvalidArgument, QuotaExceeded, Unavailable
+from services.core.fleet import FleetView
 from services.core.runs import RunState
 from services.scheduler.repository import SchedulerRepository
 from services.scheduler.servicer import run_from_hint
@@ -151,10 +154,13 @@ async def test_oversized_message_and_context_length(admission: Admission, tiny_m
         await first_event(admission, key, big)
     assert violations(caught.value) == ["messages[0].content"]
     # Context length: the gateway's catalog says how long the model's context is.
-    from services.admission.requests import context_violation
-
-    error = context_violation(9000, 10, 8192)
-    assert error is not None and error.violations[0].field == "prompt"
+    checks = direct_gateway(admission, tiny_model_dir).checks
+    long_prompt = params("long")
+    tokens = NewAdmission("run_long", "t", long_prompt, [1] * 9000, 1)
+    refused = await checks.context_length(Candidate("t", "", long_prompt, tokens))
+    assert isinstance(refused, InvalidArgument)
+    assert [v.field for v in refused.violations] == ["prompt"]
+    assert "exceed the context length of 8192" in refused.violations[0].description
     assert await count_runs(admission) == 0
 
 
@@ -269,16 +275,25 @@ async def test_kv_quota_is_enforced(admission: Admission) -> None:
     assert await count_runs(admission) == 1
 
 
-async def test_concurrent_admissions_never_exceed_the_quotas(admission: Admission) -> None:
+async def test_concurrent_admissions_never_exceed_the_quotas(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
     tenant_id, _ = await admission.new_tenant_key("busy")
     await admission.tenants.set_quota(tenant_id, max_kv_blocks=0, max_concurrent_runs=3)
+    checks = direct_gateway(admission, tiny_model_dir).checks
 
     async def one(i: int) -> str:
         params = GenerateParams(
             MODEL, f"run {i}", (), Sampling(max_tokens=4), "interactive", "", 60
         )
+        new = NewAdmission(f"run_{i:032d}", tenant_id, params, [1, 2], 1)
+        run = Candidate(tenant_id, "", params, new)
         try:
-            await admit(admission.db, NewAdmission(f"run_{i:032d}", tenant_id, params, [1, 2], 1))
+            await admit(
+                admission.db,
+                new,
+                lambda held: checks.first_refusal(checks.on_hold, replace(run, held=held)),
+            )
         except QuotaExceeded as refused:
             return str(refused)
         return "admitted"
@@ -296,7 +311,10 @@ def direct_gateway(admission: Admission, model_dir: Path, **options: Any) -> Gat
         ModelCatalog.load({MODEL: str(model_dir)}),
         RunFeed(admission.store.db.url.render_as_string(hide_password=False)),
         Canceller(admission.store, None),
-        GatewayConfig(limits=Limits(max_tokens=512, max_message_chars=2000), max_queue_depth=3),
+        GatewayConfig(
+            limits=Limits(max_tokens=512, max_message_chars=2000),
+            queue=QueueBounds(max_queue_depth=3),
+        ),
         **options,
     )
 
@@ -331,10 +349,10 @@ async def test_a_full_queue_refuses_new_runs_but_attaches_a_known_key(
     admission: Admission, tiny_model_dir: Path
 ) -> None:
     tenant_id, _ = await admission.new_tenant_key("queued-up")
-    depth = QueueDepth()
-    gateway = direct_gateway(admission, tiny_model_dir, queue_depth=depth)
+    view = FleetView()
+    gateway = direct_gateway(admission, tiny_model_dir, fleet=lambda: view)
     run_id = (await gateway.start(tenant_id, params("first"))).run_id
-    depth.value = 4
+    view = FleetView(num_batch=4)
     with pytest.raises(Unavailable):
         await gateway.start(tenant_id, params("second"))
     assert (await gateway.start(tenant_id, params("first"))).run_id == run_id
@@ -345,16 +363,15 @@ async def test_a_run_larger_than_every_live_pool_for_its_model_is_refused(
     admission: Admission, tiny_model_dir: Path
 ) -> None:
     tenant_id, _ = await admission.new_tenant_key("fleet")
-    depth = QueueDepth()
-    depth.max_run_tokens = {MODEL: 40}
-    gateway = direct_gateway(admission, tiny_model_dir, queue_depth=depth)
+    view = FleetView(max_run_tokens={MODEL: 40})
+    gateway = direct_gateway(admission, tiny_model_dir, fleet=lambda: view)
     large = GenerateParams(MODEL, "hello", (), Sampling(max_tokens=39), "interactive", "l", 60)
     with pytest.raises(InvalidArgument) as refused:
         await gateway.start(tenant_id, large)
     assert [v.field for v in refused.value.violations] == ["sampling.max_tokens"]
     assert "40 tokens the largest worker serving" in str(refused.value.violations[0].description)
     await gateway.start(tenant_id, params("small"))  # 4 tokens fit
-    depth.max_run_tokens = {}  # the fleet's pools unknown: nothing is refused for them
+    view = FleetView()  # the fleet's pools unknown: nothing is refused for them
     await gateway.start(tenant_id, large)
     assert await count_runs(admission) == 2
 

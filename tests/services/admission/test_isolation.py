@@ -2,6 +2,7 @@
 a finite concurrency for new tenants, and failed authentications that cost little."""
 
 import asyncio
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -9,17 +10,18 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from services.admission.backpressure import FleetLoad
+from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import GenerateParams, Limits, Sampling
-from services.admission.scheduler_client import QueueDepth
 from services.admission.stream import RunFeed
+from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
 from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.auth import authenticate
 from services.core.db import open_db
 from services.core.errors import DATABASE_AWAY, QuotaExceeded, Unauthenticated, Unavailable
+from services.core.fleet import FleetView
 from services.core.ratelimit import FAILURE_BURST
 from tests.services.admission.calls import count_runs, details, request
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
@@ -80,8 +82,19 @@ async def read_first_when_room(
     raise AssertionError("the closed stream was never counted out")
 
 
+@dataclass
+class Scheduler:
+    """What the scheduler last answered, as the test sets it."""
+
+    view: FleetView = field(default_factory=FleetView)
+
+
 def direct_gateway(
-    admission: Admission, model_dir: Path, depth: QueueDepth | None = None, **config: Any
+    admission: Admission,
+    model_dir: Path,
+    scheduler: Scheduler | None = None,
+    max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS,
+    **queue: Any,
 ) -> Gateway:
     """A Gateway on the test's database, called directly rather than through gRPC."""
     return Gateway(
@@ -89,8 +102,12 @@ def direct_gateway(
         ModelCatalog.load({MODEL: str(model_dir)}),
         RunFeed(admission.store.db.url.render_as_string(hide_password=False)),
         Canceller(admission.store, None),
-        GatewayConfig(limits=LIMITS, **config),
-        depth,
+        GatewayConfig(
+            limits=LIMITS,
+            queue=QueueBounds(**queue),
+            max_concurrent_streams=max_concurrent_streams,
+        ),
+        (lambda: scheduler.view) if scheduler is not None else None,
     )
 
 
@@ -147,25 +164,25 @@ async def test_a_tenant_holding_its_share_of_the_queue_waits_and_others_do_not(
 ) -> None:
     hog, _ = await admission.new_tenant_key("hog")
     other, _ = await admission.new_tenant_key("other")
-    depth = QueueDepth()
+    scheduler = Scheduler()
     gateway = direct_gateway(
         admission,
         tiny_model_dir,
+        scheduler,
         max_queue_depth=10,
-        tenant_queue_share=0.2,
-        min_tenant_queue_share=1,
-        depth=depth,
+        tenant_share=0.2,
+        min_tenant_share=1,
     )
     first = await gateway.start(hog, params("hog-1"))
     await gateway.start(hog, params("hog-2"))
-    depth.value = 5  # more than one tenant's share (2) of a queue of 10
+    scheduler.view = FleetView(num_interactive=5)  # more than one tenant's share (2) of 10
     with pytest.raises(QuotaExceeded) as refused:
         await gateway.start(hog, params("hog-3"))
     assert "2 of this tenant's 2 queued runs" in str(refused.value)
     assert refused.value.subject == f"tenant:{hog}:queued_runs" and refused.value.retry_after
     assert (await gateway.start(hog, params("hog-1"))).run_id == first.run_id
     assert (await gateway.start(other, params("other-1"))).stored
-    depth.value = 11
+    scheduler.view = FleetView(num_interactive=11)
     with pytest.raises(Unavailable):
         await gateway.start(other, params("other-2"))
     assert await count_runs(admission) == 3
@@ -218,21 +235,21 @@ async def test_an_overloaded_fleet_refuses_batch_runs_first(
     admission: Admission, tiny_model_dir: Path
 ) -> None:
     tenant, _ = await admission.new_tenant_key("degraded")
-    depth = QueueDepth()
+    scheduler = Scheduler()
     gateway = direct_gateway(
-        admission, tiny_model_dir, depth, batch_kv_watermark=0.1, interactive_kv_watermark=-0.5
+        admission, tiny_model_dir, scheduler, batch_kv_watermark=0.1, interactive_kv_watermark=-0.5
     )
-    depth.load = FleetLoad(num_free_blocks=5, num_total_blocks=100)
+    scheduler.view = FleetView(num_free_blocks=5, num_total_blocks=100)
     with pytest.raises(Unavailable) as refused:
         await gateway.start(tenant, batch_params("batch-1"))
     assert "batch watermark" in str(refused.value) and refused.value.retry_after > 0
     assert (await gateway.start(tenant, params("interactive-1"))).stored
-    depth.load = FleetLoad(
+    scheduler.view = FleetView(
         num_free_blocks=0, num_total_blocks=100, num_queued_interactive_blocks=60
     )
     with pytest.raises(Unavailable):
         await gateway.start(tenant, params("interactive-2"))
-    depth.load = FleetLoad(num_free_blocks=90, num_total_blocks=100)
+    scheduler.view = FleetView(num_free_blocks=90, num_total_blocks=100)
     assert (await gateway.start(tenant, batch_params("batch-1"))).stored
     assert await count_runs(admission) == 2
     await gateway.aclose()

@@ -3,7 +3,8 @@ leaves admission working."""
 
 import asyncio
 
-from services.admission.scheduler_client import QueueDepth, SchedulerClient
+from services.admission.scheduler_client import SchedulerClient
+from services.core.fleet import FleetView
 
 UNREACHABLE = "127.0.0.1:9"
 
@@ -11,16 +12,15 @@ UNREACHABLE = "127.0.0.1:9"
 async def test_a_silent_scheduler_reads_as_an_empty_queue_and_cancels_nothing() -> None:
     client = SchedulerClient(UNREACHABLE)
     try:
-        assert await client.queue_depth() == 0
+        assert await client.fleet() is None
         assert await client.cancel("run_x", "test") is False
-        depth = QueueDepth()
-        depth.value = 7
-        watch = asyncio.create_task(client.watch_queue_depth(depth))
+        client.view = FleetView(num_interactive=7, max_run_tokens={"m": 40})
+        watch = asyncio.create_task(client.watch_fleet())
         for _ in range(100):
-            if depth.value == 0:
+            if client.view == FleetView():
                 break
             await asyncio.sleep(0.05)
         watch.cancel()
-        assert depth.value == 0
+        assert client.view == FleetView()
     finally:
         await client.close()

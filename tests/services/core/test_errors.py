@@ -18,8 +18,8 @@ from services.core.errors import (
     FieldViolation,
     InvalidArgument,
     NotFound,
-    rpc_errors,
 )
+from services.core.grpc_errors import rpc_errors
 
 
 class Aborted(Exception):

@@ -11,7 +11,6 @@ from google.protobuf import timestamp_pb2
 
 from services.core.config import CommonSettings
 from services.core.db import Database
-from services.core.errors import status_details
 from services.core.eventstore import EventStore
 from services.core.ratelimit import FAILURE_BURST
 from services.core.schema import kv_reservations, ledger_entries, runs
@@ -19,6 +18,7 @@ from services.ledger.app import LedgerSettings, create_ledger_server
 from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.ledger.runs import age_runs, create_tenant, queued_run, terminal_run, usage
+from tollgate.errors import unpack_details
 from tollgate.v1 import ledger_pb2, ledger_pb2_grpc
 
 ADMIN = "admin-secret-token"
@@ -172,7 +172,7 @@ async def test_malformed_paging_is_an_invalid_argument_naming_the_field(
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await ledger.stub.ListLedgerEntries(request, metadata=auth(key))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    [bad_request] = status_details(info.value)
+    [bad_request] = unpack_details(info.value)
     assert [v.field for v in bad_request.field_violations] == [field]
 
 
@@ -291,7 +291,7 @@ async def test_usage_periods_outside_the_timestamp_range_are_refused(
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await ledger.stub.GetUsage(request, metadata=auth(key))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        [bad_request] = status_details(info.value)
+        [bad_request] = unpack_details(info.value)
         assert [v.field for v in bad_request.field_violations] == [name]
     # The widest valid period reads as any other.
     widest = ledger_pb2.GetUsageRequest(
@@ -327,7 +327,7 @@ async def test_a_peer_that_keeps_failing_is_held_back(ledger: Ledger) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(ADMIN))
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    details = {type(d).__name__: d for d in status_details(refused.value)}
+    details = {type(d).__name__: d for d in unpack_details(refused.value)}
     assert details["ErrorInfo"].reason == "RATE_LIMITED"
     await asyncio.sleep(details["RetryInfo"].retry_delay.ToTimedelta().total_seconds())
     await ledger.stub.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(ADMIN))

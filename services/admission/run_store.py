@@ -1,4 +1,5 @@
-"""Reading a tenant's runs: one run, or pages of them, newest first."""
+"""Reading a tenant's runs from PostgreSQL: one run by its id or its idempotency key,
+pages of them newest first, and how many it has queued."""
 
 from __future__ import annotations
 
@@ -72,3 +73,25 @@ def _parse_token(token: str) -> tuple[datetime, str] | None:
     if when.tzinfo is None or not is_identifier(run_id):
         return None
     return when, run_id
+
+
+async def find_by_idempotency_key(db: Database, tenant_id: str, key: str) -> RunView | None:
+    async with single_statement(db) as conn:
+        row = (
+            await conn.execute(
+                sa.select(runs).where(runs.c.tenant_id == tenant_id, runs.c.idempotency_key == key)
+            )
+        ).first()
+    return view_from_row(row._mapping) if row else None
+
+
+async def num_queued(db: Database, tenant_id: str, at_most: int) -> int:
+    """The tenant's queued runs, counted up to `at_most` (index `runs_tenant_queued`)."""
+    some = (
+        sa.select(sa.literal(1))
+        .where(runs.c.tenant_id == tenant_id, runs.c.state == "queued")
+        .limit(at_most)
+        .subquery()
+    )
+    async with single_statement(db) as conn:
+        return int(await conn.scalar(sa.select(sa.func.count()).select_from(some)) or 0)

@@ -1,0 +1,243 @@
+"""Every reason admission refuses a new run, in the order `Gateway.start` asks them.
+
+Each check has one shape: it reads the `Candidate`, the run on its way in as far as it is
+known at the check's stage, and returns the refusal (an `ApiError` naming the field or
+the limit at fault) or None. The stages run in this order, cheapest first:
+
+1. `on_request`: the request alone, no I/O.
+2. `on_load`: the moment's state: the tenant's open streams, the scheduler's queues and
+   the fleet's free KV, the tenant's share of the queue. A retry of a run already admitted
+   under the same idempotency key is not refused here: it finds that run.
+3. `on_tokens`: the prompt once tokenized: the model's context and vocabulary, the
+   largest worker serving the model, the size of the `queued` event.
+4. `on_hold`: the tenant's and the key's quotas, read under the tenant's row lock in the
+   transaction that stores the run and reserves what it may use (`admit.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from services.admission.admit import Admission, Held
+from services.admission.backpressure import (
+    QueueBounds,
+    class_refusal,
+    may_hold_a_share,
+    queue_refusal,
+    share_refusal,
+)
+from services.admission.catalog import ModelCatalog
+from services.admission.requests import GenerateParams, Limits, field_violations
+from services.admission.run_store import num_queued
+from services.admission.stream_limits import StreamCounts, StreamLimits, streams_limited
+from services.core.codec import encoded_size
+from services.core.db import Database
+from services.core.errors import (
+    ApiError,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    QuotaExceeded,
+)
+from services.core.fleet import FleetView
+from services.core.quota_store import Subject, window_entries
+from services.core.quotas import (
+    MODEL_NOT_PRICED,
+    Refusal,
+    SubjectUsage,
+    cost_of,
+    oversized,
+    refusal,
+    window_wait,
+)
+from services.core.runs import RunState
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A run on its way in, as the checks of each stage see it."""
+
+    tenant_id: str
+    key_id: str
+    params: GenerateParams
+    # From `on_tokens` on: the run as it would be stored, its prompt tokenized.
+    admission: Admission | None = None
+    # In `on_hold`: the quotas it is held to.
+    held: Held | None = None
+
+
+Check = Callable[[Candidate], Awaitable[ApiError | None]]
+
+
+class Checks:
+    def __init__(
+        self,
+        db: Database,
+        catalog: ModelCatalog,
+        limits: Limits,
+        queue: QueueBounds,
+        streams: StreamCounts,
+        stream_limits: StreamLimits,
+        fleet: Callable[[], FleetView] | None = None,
+    ) -> None:
+        """`fleet` gives the scheduler's latest answer; None (no scheduler) checks no load."""
+        self.db = db
+        self.catalog = catalog
+        self.limits = limits
+        self.queue = queue
+        self.streams = streams
+        self.stream_limits = stream_limits
+        self.fleet = fleet
+        self.on_request: tuple[Check, ...] = (self.fields,)
+        self.on_load: tuple[Check, ...] = (self.open_streams, self.queue_bounds, self.queue_share)
+        self.on_tokens: tuple[Check, ...] = (
+            self.context_length,
+            self.vocabulary,
+            self.largest_worker,
+            self.event_size,
+        )
+        self.on_hold: tuple[Check, ...] = (self.run_size, self.quotas)
+
+    @staticmethod
+    async def first_refusal(stage: Sequence[Check], run: Candidate) -> ApiError | None:
+        for check in stage:
+            refused = await check(run)
+            if refused is not None:
+                return refused
+        return None
+
+    # on_request
+
+    async def fields(self, run: Candidate) -> ApiError | None:
+        """Every bad field of the request, at once."""
+        found = field_violations(run.params, self.catalog.names(), self.limits)
+        return InvalidArgument(found) if found else None
+
+    # on_load
+
+    async def open_streams(self, run: Candidate) -> ApiError | None:
+        """A run whose stream would be refused is refused before it exists."""
+        limit = await self.stream_limits.get(run.tenant_id)
+        return (
+            streams_limited(run.tenant_id, limit)
+            if self.streams.is_full(run.tenant_id, limit)
+            else None
+        )
+
+    async def queue_bounds(self, run: Candidate) -> ApiError | None:
+        """The whole queue, the run's class's queue and the fleet's free KV (backpressure.py)."""
+        if self.fleet is None:
+            return None
+        view = self.fleet()
+        return queue_refusal(self.queue, view.num_queued_runs) or class_refusal(
+            self.queue, view, run.params.priority
+        )
+
+    async def queue_share(self, run: Candidate) -> ApiError | None:
+        """The tenant's runs queued, against its share of the queue; counted only once the
+        queue is long enough for any tenant to hold its whole share."""
+        if self.fleet is None or not may_hold_a_share(self.queue, self.fleet().num_queued_runs):
+            return None
+        queued = await num_queued(self.db, run.tenant_id, self.queue.runs_per_tenant())
+        return share_refusal(self.queue, run.tenant_id, queued)
+
+    # on_tokens
+
+    async def context_length(self, run: Candidate) -> ApiError | None:
+        num_prompt, max_tokens = _sizes(run)
+        context = self.catalog.get(run.params.model).context_length
+        if num_prompt + max_tokens <= context:
+            return None
+        if num_prompt >= context:
+            message = f"{num_prompt} prompt tokens exceed the context length of {context}"
+            return InvalidArgument([FieldViolation("prompt", message)])
+        message = (
+            f"prompt ({num_prompt} tokens) + max_tokens exceeds the context length of {context}"
+        )
+        return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
+
+    async def vocabulary(self, run: Candidate) -> ApiError | None:
+        """Stop token ids the model can never produce are a client's mistake."""
+        vocab_size = self.catalog.get(run.params.model).vocab_size
+        if all(t < vocab_size for t in run.params.sampling.stop_token_ids):
+            return None
+        message = f"token ids must be below the model's vocabulary size, {vocab_size}"
+        return InvalidArgument([FieldViolation("sampling.stop_token_ids", message)])
+
+    async def largest_worker(self, run: Candidate) -> ApiError | None:
+        """A run larger than every live worker's pool serving its model could never run."""
+        model = run.params.model
+        largest = self.fleet().max_run_tokens.get(model) if self.fleet is not None else None
+        num_prompt, max_tokens = _sizes(run)
+        if largest is None or num_prompt + max_tokens <= largest:
+            return None
+        message = (
+            f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
+            f"{largest} tokens the largest worker serving {model} can hold"
+        )
+        return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
+
+    async def event_size(self, run: Candidate) -> ApiError | None:
+        """The `queued` event as published must stay well under the broker's message limit:
+        one over it would stall the relay, and every event behind it, for everybody."""
+        assert run.admission is not None
+        num_bytes = encoded_size(RunState.QUEUED, run.admission.queued_payload())
+        if num_bytes <= self.limits.max_event_bytes:
+            return None
+        field = "messages" if run.params.messages else "prompt"
+        message = (
+            f"the request encodes to {num_bytes} bytes, more than {self.limits.max_event_bytes}"
+        )
+        return InvalidArgument([FieldViolation(field, message)])
+
+    # on_hold
+
+    async def run_size(self, run: Candidate) -> ApiError | None:
+        """A run larger than a limit of the tenant or its key could never be admitted."""
+        assert run.held is not None and run.admission is not None
+        demand = run.admission.demand()
+        for own in (run.held.limits.tenant, run.held.limits.key):
+            too_large = oversized(own, demand) if own is not None else None
+            if too_large is not None:
+                return InvalidArgument([too_large])
+        return None
+
+    async def quotas(self, run: Candidate) -> ApiError | None:
+        """The first limit of the tenant's, then the key's, that the run would break
+        (services.core.quotas.refusal says in which order within one)."""
+        held = run.held
+        assert held is not None and run.admission is not None
+        demand = run.admission.demand()
+        for subject, usage in zip(held.subjects, held.snapshot.usages, strict=True):
+            refused = refusal(usage, demand)
+            if refused is not None:
+                return await _exceeded(held.conn, subject, usage, refused, run.admission)
+        return None
+
+
+def _sizes(run: Candidate) -> tuple[int, int]:
+    assert run.admission is not None
+    return len(run.admission.prompt_token_ids), run.params.sampling.max_tokens
+
+
+async def _exceeded(
+    conn: AsyncConnection,
+    subject: Subject,
+    usage: SubjectUsage,
+    refused: Refusal,
+    admission: Admission,
+) -> ApiError:
+    if refused.reason == MODEL_NOT_PRICED:
+        return FailedPrecondition(
+            refused.description, MODEL_NOT_PRICED, {"subject": refused.subject}
+        )
+    retry_after = refused.retry_after
+    if retry_after is None:  # a window limit: the wait needs the window's admissions
+        entries = await window_entries(conn, subject, usage.now)
+        limit = getattr(usage.limits, refused.limit)
+        cost = cost_of(refused.limit, admission.demand())
+        retry_after = window_wait(entries, refused.limit, limit, cost, usage.now)
+    return QuotaExceeded(refused.description, refused.subject, retry_after, refused.reason)
