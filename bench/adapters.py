@@ -29,8 +29,8 @@ from engine.adapters import load_adapter, merge_adapter
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config, load_tokenizer
+from engine.model_dirs.adapter_init import init_adapter
 from engine.sampling import SamplingParams
-from engine.tools.adapter_init import init_adapter
 
 RANK = 8
 MERGED = "1 adapter, merged"

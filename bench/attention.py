@@ -26,12 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import huge_pages
+from engine import huge_pages, native
 from engine.batch_inputs import AttentionShape, _decode_batch, _decode_groups, _prefill_span
 from engine.batcher import ScheduledChunk
-from engine.layers import native
-from engine.layers.native import DecodeKernel, PrefillKernel
 from engine.layers.paged_attention import PagedAttention, Workspace
+from engine.native import DecodeKernel, PrefillKernel
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 

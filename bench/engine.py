@@ -51,9 +51,9 @@ from bench.workload import Workload, decode_flops, make_workload, matmul_flops
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model_config
+from engine.model_dirs.fetch import fetch_gguf
+from engine.model_dirs.registry import KNOWN_MODELS, model_cache, model_index
 from engine.sampling import SamplingParams
-from engine.tools.fetch import fetch_gguf
-from engine.tools.registry import KNOWN_MODELS, model_cache, model_index
 
 PREFIX_LEN = 384
 

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from bench.report import logs_to_stderr, percentile, progress
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.kafka import create_topic
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, NewRun, RunState, StoredEvent

@@ -47,8 +47,8 @@ from bench.stack_sides import (
     stack_request,
     warm_up,
 )
+from engine.model_dirs.tiny import init_tiny_model
 from engine.tokenizer import Tokenizer
-from engine.tools.tiny import init_tiny_model
 from tollgate import AsyncAdminClient, AsyncClient
 from tollgate.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.layers import native
+from engine import native
 from engine.layers.linear import can_pack, pack_weight, packed_linear
 
 ROWS = (1, 4, 16, 64, 128, 512)

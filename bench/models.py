@@ -16,9 +16,9 @@ from typing import Any
 
 from bench.report import progress
 from bench.workload import MODEL_SHAPE
-from engine.tools.fetch import fetched_dir, resolve_model
-from engine.tools.registry import KNOWN_MODELS, model_cache
-from engine.tools.tiny import init_tiny_model
+from engine.model_dirs.fetch import fetched_dir, resolve_model
+from engine.model_dirs.registry import KNOWN_MODELS, model_cache
+from engine.model_dirs.tiny import init_tiny_model
 
 REAL_MODEL = "smollm2-135m-instruct"
 SYNTHETIC: dict[str, dict[str, Any]] = {

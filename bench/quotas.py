@@ -26,7 +26,7 @@ from pathlib import Path
 from bench.report import logs_to_stderr, progress
 from services.admission.admit import Admission, admit
 from services.admission.requests import GenerateParams, Sampling
-from services.admission.tenants import TenantRepository
+from services.admission.tenant_store import TenantStore
 from services.core.db import Database, open_db
 from services.core.quotas import QuotaLimits
 from services.stack.infra import LocalInfra
@@ -45,7 +45,7 @@ EVERY_LIMIT = QuotaLimits(
 )
 
 
-async def tenant(tenants: TenantRepository, name: str, limited: bool) -> tuple[str, str]:
+async def tenant(tenants: TenantStore, name: str, limited: bool) -> tuple[str, str]:
     """(tenant_id, key_id) of a new tenant, with every limit set when `limited`."""
     record = await tenants.create(name, 1)
     key = await tenants.create_key(record.tenant_id)
@@ -83,7 +83,7 @@ async def admit_many(db: Database, tenant_id: str, key_id: str, runs: int, write
 async def bench(args: argparse.Namespace, database_url: str) -> dict[str, float]:
     db = open_db(database_url, pool_size=args.writers)
     try:
-        tenants = TenantRepository(db, default_max_concurrent_runs=0)
+        tenants = TenantStore(db, default_max_concurrent_runs=0)
         unlimited = await tenant(tenants, "unlimited", limited=False)
         limited = await tenant(tenants, "limited", limited=True)
         rates: dict[str, list[float]] = {"unlimited": [], "limited": []}

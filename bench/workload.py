@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ModelConfig
-from engine.tools.tiny import init_tiny_model
+from engine.model_dirs.tiny import init_tiny_model
 
 # 8 layers of 2.95M (8 heads of 64, 4 KV heads, MLP 1408) plus 2 x 16.4M of embedding and
 # LM head over a 32000-token vocabulary: 56M parameters. The tokenizer stays the small

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.batcher import ScheduledChunk, StepPlan
-from engine.layers.native import DecodeKernel, PrefillKernel
 from engine.layers.paged_attention import (
     AttentionMetadata,
     DecodeBatch,
@@ -20,6 +19,7 @@ from engine.layers.paged_attention import (
     PrefillSpan,
     Workspace,
 )
+from engine.native import DecodeKernel, PrefillKernel
 
 # Bounds the gather workspace (and the padded bias) of one decode group.
 _MAX_GROUP_TOKENS = 1 << 16

@@ -6,11 +6,10 @@ from collections.abc import Mapping
 
 import torch
 
-from engine import huge_pages
+from engine import huge_pages, native
 from engine.batch_inputs import AttentionShape, build_inputs
 from engine.batcher import StepPlan
 from engine.config import ModelConfig
-from engine.layers import native
 from engine.layers.lora import LoraBatch
 from engine.layers.paged_attention import Workspace
 from engine.layers.sampler import sample

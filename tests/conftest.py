@@ -78,6 +78,6 @@ def kafka_topic(kafka_bootstrap: str) -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated tiny Llama model in Hugging Face format, shared by the session."""
-    from engine.tools.tiny import init_tiny_model
+    from engine.model_dirs.tiny import init_tiny_model
 
     return init_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -1,5 +1,6 @@
 """docs/CONFIGURATION.md's tables name every TOLLGATE_* variable the code reads, and
-only those; the paths the README names exist."""
+only those; the paths, pages and headings the README and docs/ name exist; the README
+stays a short first page that links every page of docs/."""
 
 from __future__ import annotations
 
@@ -7,10 +8,18 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-CONFIGURATION = ROOT / "docs" / "CONFIGURATION.md"
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "CONFIGURATION.md"
 SCANNED = ("engine", "services", "tollgate", "tools", "bench")
+# Pages of docs/ whose named paths are not checked yet; remove a name to check that page.
+UNCHECKED_PAGES: tuple[str, ...] = ("DESIGN.md",)
+# `quoted` text starting with one of these folders is a repository path.
+QUOTED_TOPS = (*SCANNED, "tests", "protos", "migrations", "docs", "deploy")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 NAME = re.compile(r"TOLLGATE_[A-Z0-9_]*")
 
 # Names the code assembles at run time from a prefix (f"TOLLGATE_{x}", "TOLLGATE_" + x):
@@ -126,14 +135,96 @@ def test_each_table_row_has_a_default_and_a_meaning() -> None:
         assert len(row) == 3 and all(row), f"row {row}: expected variable | default | meaning"
 
 
-def test_the_paths_the_readme_names_exist() -> None:
-    text = README.read_text()
-    linked = re.findall(r"\]\(([^)#:]+)\)", text)
-    tops = "|".join((*SCANNED, "tests", "protos", "migrations", "docs"))
-    quoted = re.findall(rf"`((?:{tops})/[^`\s]*)`", text)
-    for reference in (*linked, *quoted):
-        for path in _expand_braces(reference.rstrip("/")):
-            assert (ROOT / path).exists(), f"README.md names {path}, which does not exist"
+def checked_pages() -> list[Path]:
+    docs = [page for page in sorted(DOCS.glob("*.md")) if page.name not in UNCHECKED_PAGES]
+    return [README, *docs]
+
+
+def missing_references(text: str, page: Path) -> list[str]:
+    """What `text`, the text of `page`, names that does not exist: linked files (relative
+    to the page), #headings in linked Markdown pages, and `quoted` repository paths."""
+    missing = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue  # a URL
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if path and not linked.exists():
+            missing.append(target)
+        elif anchor and linked.suffix == ".md":
+            headings = anchors(linked.read_text() if path else text)
+            if anchor not in headings:
+                missing.append(target)
+    tops = "|".join(QUOTED_TOPS)
+    for quoted in re.findall(rf"`((?:{tops})/[^`\s]*)`", text):
+        missing += [p for p in _expand_braces(quoted.rstrip("/")) if not _exists(p)]
+    return missing
+
+
+def _exists(path: str) -> bool:
+    """Whether the repository has `path`; a glob pattern (`*`) needs one match."""
+    return any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()
+
+
+def anchors(markdown: str) -> set[str]:
+    """The #anchors of a Markdown page's headings, as GitHub makes them."""
+    found: set[str] = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (heading := re.match(r"#{1,6} (.*)", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            number = 1
+            anchor = slug
+            while anchor in found:
+                anchor, number = f"{slug}-{number}", number + 1
+            found.add(anchor)
+    return found
+
+
+def test_the_check_finds_what_is_missing() -> None:
+    page = DOCS / "EXAMPLE.md"
+    assert missing_references("`services/core/` and [the README](../README.md)", page) == []
+    assert missing_references("`services/nowhere/`, `tests/{e2e,nowhere}`", page) == [
+        "services/nowhere",
+        "tests/nowhere",
+    ]
+    assert missing_references("`tollgate/v1/*_pb2.py`, `tests/*.nowhere`", page) == [
+        "tests/*.nowhere"
+    ]
+    assert missing_references("[gone](../NOWHERE.md) [gone](README.md)", page) == [
+        "../NOWHERE.md",
+        "README.md",
+    ]
+    text = "# A page\n\n## Two words\n\n```sh\n# a comment\n```\n[a](#two-words) [b](#a-comment)"
+    assert missing_references(text, page) == ["#a-comment"]
+    assert missing_references("[c](CONFIGURATION.md#nowhere) [u](https://x.org/a)", page) == [
+        "CONFIGURATION.md#nowhere"
+    ]
+
+
+@pytest.mark.parametrize("page", checked_pages(), ids=lambda page: page.name)
+def test_the_paths_each_page_names_exist(page: Path) -> None:
+    missing = missing_references(page.read_text(), page)
+    assert not missing, f"{page.relative_to(ROOT)} names {missing}, which do not exist"
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    linked = {
+        (ROOT / target.partition("#")[0]).resolve() for target in LINK.findall(README.read_text())
+    }
+    unlinked = [page.name for page in sorted(DOCS.glob("*.md")) if page.resolve() not in linked]
+    assert not unlinked, f"README.md links no {unlinked}"
+
+
+def test_the_readme_is_a_short_first_page() -> None:
+    lines = README.read_text().splitlines()
+    opening = [line.split("#")[0].strip() for line in lines[:40]]
+    assert "make run" in opening and "make test" in opening, "the first 40 lines lack a command"
+    assert len(lines) < 250, f"README.md has {len(lines)} lines; move detail to docs/"
+    dated = [line for line in lines if re.search(r"\b\d{4}-\d{2}-\d{2}\b", line)]
+    assert len(dated) <= 2, f"dated lines belong in bench/RESULTS.md: {dated}"
 
 
 def _expand_braces(path: str) -> list[str]:

@@ -1,9 +1,9 @@
 """The `tollgate` command line: each area registers its own subcommands.
 
 The client's commands (`tollgate.commands`) are registered at once. The operator's
-(`up`, `infra`, `reconcile`, `models`, `engine`) load the server side (torch, SQLAlchemy, Kafka), so
-each stands as a placeholder that imports its module only when that command is parsed;
-`tollgate --help` lists them from `OPERATOR_COMMANDS`.
+(`services.commands`: `up`, `infra`, `reconcile`; `engine.commands`: `models`, `engine`) load
+the server side (torch, SQLAlchemy, Kafka), so each stands as a placeholder that imports its
+module only when that command is parsed; `tollgate --help` lists them from `OPERATOR_COMMANDS`.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ class OperatorCommand:
 
 OPERATOR_COMMANDS = (
     OperatorCommand(
-        "infra", "local PostgreSQL and Kafka-protocol broker", "services.stack.infra_cli"
+        "infra", "local PostgreSQL and Kafka-protocol broker", "services.commands.infra"
     ),
     OperatorCommand(
-        "up", "start PostgreSQL, the broker and the four services", "services.stack.cli"
+        "up", "start PostgreSQL, the broker and the four services", "services.commands.up"
     ),
     OperatorCommand(
         "reconcile",
         "check every run's events and billing in the database (exit 1 if not ok)",
-        "services.ledger.reconcile_cli",
+        "services.commands.reconcile",
     ),
-    OperatorCommand("models", "create and inspect model directories", "engine.tools.cli"),
-    OperatorCommand("engine", "run the inference engine offline", "engine.tools.cli"),
+    OperatorCommand("models", "create and inspect model directories", "engine.commands.models"),
+    OperatorCommand("engine", "run the inference engine offline", "engine.commands.engine"),
 )
 
 

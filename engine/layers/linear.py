@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers import native
+from engine import native
 
 # Where a weight is not packed (`PanelLinear`, `PackedLinear`), W @ x^T streams it row by
 # row; its result is x @ W^T laid out transposed. With few rows that is the cheaper

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.native import DecodeKernel, PrefillKernel
+from engine.native import DecodeKernel, PrefillKernel
 
 
 class Workspace:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers import native
+from engine import native
 from engine.layers.linear import Linear, replace_linear_layers, shared_weights
 
 # 4 MiB of fp32 per chunk: fewer, larger chunks cost Python overhead less but fall out of cache.

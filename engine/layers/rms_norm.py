@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers import native
+from engine import native
 
 
 class RMSNorm(nn.Module):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine import native
 from engine.config import RopeConfig
-from engine.layers import native
 
 
 def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:

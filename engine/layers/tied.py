@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers import native
+from engine import native
 from engine.layers.linear import Embedding, Linear
 from engine.layers.quantized import pack_int8, quantize_rows
 

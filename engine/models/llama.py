@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import native
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
-from engine.layers import native
 from engine.layers.linear import Embedding, Linear
 from engine.layers.paged_attention import AttentionMetadata, PagedAttention
 from engine.layers.rms_norm import RMSNorm

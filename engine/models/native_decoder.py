@@ -1,8 +1,8 @@
-"""A Llama model's decode-only steps in one native call (`engine/layers/decode_step.c`).
+"""A Llama model's decode-only steps in one native call (`engine/native/decode_step.c`).
 
 `native_decoder(model, kv_caches)` describes the model's weights and caches to the kernel
 once. A step whose every chunk adds one token then runs all its layers in that one call,
-with the kernels the PyTorch path calls one by one (about ten per layer), in the same
+with the kernels the PyTorch path calls one by one from Python, in the same
 order on the same values. Any other step takes the PyTorch path; so does every step of a
 model the kernel cannot read: weights not packed for the native kernels, LoRA adapters
 attached, a dtype other than float32.
@@ -15,21 +15,67 @@ import ctypes
 import torch
 from torch import nn
 
-from engine.layers import native
+from engine import native
 from engine.layers.linear import PanelLinear
-from engine.layers.native_calls import (
-    FLOAT_PANELS,
-    GROUP_DEPTH,
-    INT8_PANELS,
-    INTEGER_PANELS,
-    Decoder,
-    DecoderLayer,
-    DecodeStepKernel,
-    Projection,
-)
 from engine.layers.paged_attention import AttentionMetadata
 from engine.layers.quantized import Int8Linear
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+# Mirrors of decode_step.c's projection kinds and structs, field for field.
+FLOAT_PANELS, INT8_PANELS, INTEGER_PANELS = 0, 1, 2
+
+
+class Projection(ctypes.Structure):
+    """A linear layer's packed weight, as decode_step.c reads it."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int64),  # FLOAT_PANELS, INT8_PANELS or INTEGER_PANELS
+        ("panels", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out_features", ctypes.c_int64),
+        ("in_features", ctypes.c_int64),
+    ]
+
+
+class DecoderLayer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_attention_norm", ctypes.c_void_p),
+        ("qkv", Projection),
+        ("o", Projection),
+        ("gate_up", Projection),
+        ("down", Projection),
+        ("cache", ctypes.c_void_p),
+    ]
+
+
+class Decoder(ctypes.Structure):
+    """A whole decoder's sizes and weights, as decode_step.c reads them; `cos` and `sin`
+    are set for each step (the tables grow)."""
+
+    _fields_ = [
+        *[
+            (name, ctypes.c_int64)
+            for name in (
+                "num_layers",
+                "hidden",
+                "heads",
+                "kv_heads",
+                "head_dim",
+                "intermediate",
+                "block_size",
+                "slots",
+                "bf16",
+            )
+        ],
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("layers", ctypes.POINTER(DecoderLayer)),
+        ("final_norm", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+    ]
 
 
 class NativeDecoder:
@@ -40,7 +86,7 @@ class NativeDecoder:
         model: LlamaForCausalLM,
         decoder: Decoder,
         held: list[object],
-        kernel: DecodeStepKernel,
+        kernel: native.DecodeStepKernel,
     ) -> None:
         self.model = model
         self.decoder = decoder
@@ -151,7 +197,7 @@ def _projection(module: nn.Module, integer: bool, held: list[object]) -> Project
         kind = INTEGER_PANELS if panels.dtype == torch.uint8 else INT8_PANELS
     else:
         return None
-    depth = panels.shape[1] * (GROUP_DEPTH if kind == INTEGER_PANELS else 1)
+    depth = panels.shape[1] * (native.GROUP_DEPTH if kind == INTEGER_PANELS else 1)
     bias = module.bias
     pointers = [_vector(v, out_features, held) if v is not None else 0 for v in (scale, bias)]
     if None in pointers or not panels.is_contiguous() or (kind == INTEGER_PANELS and not integer):

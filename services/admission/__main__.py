@@ -1,4 +1,4 @@
-"""`python -m services.admission`, configured by `TOLLGATE_*` variables (README, Configuration)."""
+"""`python -m services.admission`, configured by `TOLLGATE_*` variables (docs/CONFIGURATION.md)."""
 
 from services.core.parent import follow_parent
 

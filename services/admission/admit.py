@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.admission.attachments import attach_in
+from services.admission.attachment_store import attach_in
 from services.admission.rate_headers import rate_limit_headers
 from services.admission.requests import GenerateParams
 from services.core.db import Database, driver_cursor
 from services.core.errors import ApiError, NotFound
-from services.core.eventstore import Append, append_in
+from services.core.event_store import Append, append_in
 from services.core.quota_store import (
     Snapshot,
     Subject,

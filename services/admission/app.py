@@ -11,16 +11,17 @@ import structlog
 from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
-from services.admission.console import ConsoleSettings, console_router
 from services.admission.gateway import Gateway, GatewayConfig
-from services.admission.http_app import create_app
-from services.admission.http_server import HttpServer
+from services.admission.grpc.admin_servicer import AdminServicer
+from services.admission.grpc.gateway_servicer import GatewayServicer
+from services.admission.http.app import create_app
+from services.admission.http.server import HttpServer
 from services.admission.requests import Limits
 from services.admission.scheduler_client import SchedulerClient
-from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
 from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
-from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
+from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS
+from services.console import ConsoleSettings, console_router
 from services.core.config import (
     CommonSettings,
     admin_token_from_env,
@@ -30,12 +31,12 @@ from services.core.config import (
     env_str,
 )
 from services.core.db import open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.metrics import start_metrics
+from services.core.pricing import DEFAULT_CURRENCY, parse_prices
 from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve
 from services.core.tls import ServerTls
-from services.ledger.pricing import DEFAULT_CURRENCY, parse_prices
 from tollgate.v1 import (
     admin_pb2_grpc,
     gateway_pb2,

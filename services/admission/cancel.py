@@ -8,7 +8,7 @@ import time
 import structlog
 
 from services.admission.scheduler_client import SchedulerClient
-from services.core.eventstore import ConcurrencyConflict, EventStore
+from services.core.event_store import ConcurrencyConflict, EventStore
 from services.core.runs import (
     IllegalTransition,
     NewEvent,

@@ -12,7 +12,7 @@ import structlog
 from prometheus_client import Counter as MetricCounter
 
 from services.admission.admit import Admission, Admitted, admit
-from services.admission.attachments import Attachments
+from services.admission.attachment_store import Attachments
 from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
@@ -26,18 +26,18 @@ from services.admission.stream_limits import (
     StreamCounts,
     StreamLimits,
 )
-from services.admission.tenants import TenantRepository
+from services.admission.tenant_store import TenantStore
 from services.admission.tracing import generate_span
 from services.core.auth import Principal, authenticate
 from services.core.db import Database
 from services.core.errors import IdempotencyKeyReused
-from services.core.eventstore import EventStore, IdempotencyKeyTaken
+from services.core.event_store import EventStore, IdempotencyKeyTaken
 from services.core.fleet import FleetView
 from services.core.key_usage import KeyUsage
+from services.core.pricing import PriceTable
 from services.core.ratelimit import FailedAttempts
 from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
 from services.core.telemetry import current_traceparent, get_tracer
-from services.ledger.pricing import PriceTable
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +91,7 @@ class Gateway:
         self.on_queued = on_queued
         self.attachments = attachments or Attachments(db)
         self.streams = StreamCounts()
-        self.stream_limits = StreamLimits(TenantRepository(db), config.max_concurrent_streams)
+        self.stream_limits = StreamLimits(TenantStore(db), config.max_concurrent_streams)
         self.checks = Checks(
             db, catalog, config.limits, config.queue, self.streams, self.stream_limits, fleet
         )

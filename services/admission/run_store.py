@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from services.core.db import Database, single_statement
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
-from services.core.eventstore import EventStore, view_from_row
+from services.core.event_store import EventStore, view_from_row
 from services.core.runs import RunView
 from services.core.schema import runs
 from services.core.validation import is_identifier, shown

@@ -1,6 +1,6 @@
 """The most a run can cost, reserved against budgets at admission; no I/O.
 
-The ledger bills the run's actual usage at the same prices (services/ledger/pricing.py)
+The ledger bills the run's actual usage at the same prices (services/core/pricing.py)
 and settles the reservation to it. A model TOLLGATE_PRICES names neither by itself nor
 by `*` has no price of its own (the ledger bills it at the built-in defaults): a subject
 with a budget is refused it rather than let it through at a price nobody set.
@@ -8,7 +8,7 @@ with a budget is refused it rather than let it through at a price nobody set.
 
 from __future__ import annotations
 
-from services.ledger.pricing import (
+from services.core.pricing import (
     ANY_MODEL,
     CACHED_INPUT_TOKENS,
     INPUT_TOKENS,

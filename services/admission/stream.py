@@ -1,7 +1,7 @@
 """A run's events for a client, as their transactions commit.
 
 Every append sends a notice when it commits, carrying its events
-(`services.core.eventstore.parse_notice`). `RunFeed` listens and hands the
+(`services.core.event_store.parse_notice`). `RunFeed` listens and hands the
 notices of a run to that run's streams. A stream first reads the store, then
 takes events from the notices while each is the next seq; anything else (a
 notice without its events, a gap, a reconnected listener, or silence for a
@@ -25,7 +25,7 @@ import structlog
 from psycopg.conninfo import make_conninfo
 
 from services.core.db import EVENTS_CHANNEL, KEEPALIVES, libpq_url
-from services.core.eventstore import EventStore, parse_notice
+from services.core.event_store import EventStore, parse_notice
 from services.core.loop import within
 from services.core.runs import RunState, StoredEvent
 

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from services.admission.tenants import TenantRepository
+from services.admission.tenant_store import TenantStore
 from services.core.errors import QuotaExceeded
 
 DEFAULT_MAX_CONCURRENT_STREAMS = 64
@@ -69,7 +69,7 @@ class StreamLimits:
 
     def __init__(
         self,
-        tenants: TenantRepository,
+        tenants: TenantStore,
         default: int = DEFAULT_MAX_CONCURRENT_STREAMS,
         ttl: float = LIMIT_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,

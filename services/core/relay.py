@@ -55,7 +55,7 @@ from services.core.config import (
     CommonSettings,
 )
 from services.core.db import ADMIN_EVENTS_CHANNEL, EVENTS_CHANNEL, Database
-from services.core.eventstore import event_from_row
+from services.core.event_store import event_from_row
 from services.core.kafka import Placed, Publisher, Refused, TopicWatch, create_topic
 from services.core.leadership import Leadership
 from services.core.loop import stop_if_cancelled

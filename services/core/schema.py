@@ -1,6 +1,6 @@
 """SQLAlchemy Core tables for the queries built with SQLAlchemy.
 
-The event append and the consumer tracking rows use plain SQL (eventstore.py,
+The event append and the consumer tracking rows use plain SQL (event_store.py,
 consumer.py): they are the hot paths.
 
 The schema itself changes only through the Alembic migrations in migrations/.

@@ -14,11 +14,11 @@ from grpc_health.v1 import health
 from services.core.config import CommonSettings, admin_token_from_env, env_float, env_str
 from services.core.db import Database, open_db
 from services.core.metrics import start_metrics
+from services.core.pricing import DEFAULT_CURRENCY, PriceTable, parse_discount, parse_prices
 from services.core.relay import OutboxRelay
 from services.core.server import bound_address, create_server, serve
 from services.core.tls import ServerTls
 from services.ledger.consumer import LedgerConsumer
-from services.ledger.pricing import DEFAULT_CURRENCY, PriceTable, parse_discount, parse_prices
 from services.ledger.reconcile import DEFAULT_STUCK_AFTER_SECONDS
 from services.ledger.servicer import LedgerServicer
 from services.ledger.sweep import Sweeper

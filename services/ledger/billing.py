@@ -14,11 +14,8 @@ from datetime import datetime
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from services.core.eventstore import Append, append_in
-from services.core.runs import NewEvent, RunState, RunView, is_terminal
-from services.core.telemetry import context_from_traceparent, current_traceparent, get_tracer
-from services.ledger import repository
-from services.ledger.pricing import (
+from services.core.event_store import Append, append_in
+from services.core.pricing import (
     BillableRun,
     LedgerEntry,
     PriceTable,
@@ -27,6 +24,9 @@ from services.ledger.pricing import (
     price_run,
     total_micros,
 )
+from services.core.runs import NewEvent, RunState, RunView, is_terminal
+from services.core.telemetry import context_from_traceparent, current_traceparent, get_tracer
+from services.ledger import ledger_store
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +56,7 @@ async def bill_run(conn: AsyncConnection, run_id: str, prices: PriceTable) -> Bi
     projection, release of its KV reservation, and the `billed` event.
     Returns None for a run that is unknown, already billed or not terminal.
     """
-    locked = await repository.lock_run(conn, run_id)
+    locked = await ledger_store.lock_run(conn, run_id)
     if locked is None:
         log.warning("cannot bill an unknown run", run_id=run_id)
         return None
@@ -91,7 +91,7 @@ async def _bill(conn: AsyncConnection, view: RunView, prices: PriceTable) -> Bil
     run = billable(view)
     # What the ledger holds after the insert, not what was meant to be inserted: the
     # stored rows carry their timestamps, and `billed` must describe exactly those.
-    entries, num_released = await repository.write_bill(conn, run, price_run(run, prices))
+    entries, num_released = await ledger_store.write_bill(conn, run, price_run(run, prices))
     payload = billed_payload(entries, prices.currency)
     [billed] = await append_in(
         conn,

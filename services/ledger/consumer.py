@@ -10,11 +10,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database
+from services.core.pricing import PriceTable
 from services.core.runs import TERMINAL_STATES, StoredEvent
 from services.core.telemetry import bound_log_context
 from services.ledger.billing import Bill, bill_run
 from services.ledger.metrics import record_bill
-from services.ledger.pricing import PriceTable
 
 LEDGER_GROUP = "tollgate-ledger"
 

@@ -26,10 +26,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.db import Database
+from services.core.pricing import BILLING_TYPES, OUTPUT_TOKENS
 from services.core.runs import ENDED_STATES, TERMINAL_STATES, RunState
 from services.core.schema import kv_reservations, ledger_entries, run_events, runs
-from services.ledger.pricing import BILLING_TYPES, OUTPUT_TOKENS
-from services.ledger.repository import MAX_REPORTED_RUNS, overdue_run_ids
+from services.ledger.ledger_store import MAX_REPORTED_RUNS, overdue_run_ids
 
 _TERMINAL = sorted(str(state) for state in TERMINAL_STATES)
 _ENDED = sorted(str(state) for state in ENDED_STATES)

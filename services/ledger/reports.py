@@ -10,11 +10,11 @@ from services.core import paging
 from services.core.auth import Principal
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
+from services.core.pricing import BILLING_TYPES, LedgerEntry
 from services.core.quota_store import load_limits, subjects, usage_now
 from services.core.quotas import SubjectUsage, remaining, used, window_reset
 from services.core.validation import is_identifier, shown
-from services.ledger import repository
-from services.ledger.pricing import BILLING_TYPES, LedgerEntry
+from services.ledger import ledger_store
 
 
 def visible_tenant(principal: Principal, requested: str) -> str | None:
@@ -56,14 +56,14 @@ async def list_entries(
         after = paging.decode(page_token, _scope(tenant_id, run_id))
     except paging.BadPageRequest as exc:
         raise InvalidArgument([FieldViolation(exc.field, exc.description)]) from None
-    where = repository.EntryFilter(tenant_id, run_id or None)
+    where = ledger_store.EntryFilter(tenant_id, run_id or None)
     async with db.connect() as conn:
         if run_id:
-            owner = await repository.run_tenant(conn, run_id) if is_identifier(run_id) else None
+            owner = await ledger_store.run_tenant(conn, run_id) if is_identifier(run_id) else None
             if owner is None or (tenant_id is not None and owner != tenant_id):
                 raise NotFound(f"run {shown(run_id)} not found")
         position = (after.created_at, after.entry_id) if after else None
-        rows = await repository.list_entries(conn, where, position, size + 1)
+        rows = await ledger_store.list_entries(conn, where, position, size + 1)
     page, more = rows[:size], len(rows) > size
     token = ""
     if more:
@@ -105,7 +105,7 @@ async def usage(
     if start is not None and end is not None and end < start:
         raise InvalidArgument([FieldViolation("end_time", "must not be before start_time")])
     async with db.connect() as conn:
-        totals = await repository.usage_totals(conn, tenant_id, start, end)
+        totals = await ledger_store.usage_totals(conn, tenant_id, start, end)
     # The standard types always appear, so a client reads zeros rather than absences.
     types = [*BILLING_TYPES, *sorted(set(totals.quantities) - set(BILLING_TYPES))]
     lines = [UsageLine(t, totals.quantities.get(t, 0), totals.amounts.get(t, 0)) for t in types]

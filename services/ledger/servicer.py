@@ -11,10 +11,10 @@ from services.core.auth import Principal, authenticate
 from services.core.db import Database
 from services.core.errors import InvalidArgument
 from services.core.grpc_errors import rpc_errors
+from services.core.pricing import LedgerEntry
 from services.core.ratelimit import FailedAttempts
 from services.core.validation import timestamp_violation
 from services.ledger import reconcile, reports
-from services.ledger.pricing import LedgerEntry
 from tollgate.v1 import events_pb2, ledger_pb2, ledger_pb2_grpc
 
 

@@ -16,12 +16,12 @@ import structlog
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from services.core.db import Database, single_statement
+from services.core.pricing import PriceTable
 from services.core.runs import EventStoreError
 from services.core.telemetry import bound_log_context
-from services.ledger import repository
+from services.ledger import ledger_store
 from services.ledger.billing import Bill, bill_run
 from services.ledger.metrics import SWEEP_FAILURES, record_bill
-from services.ledger.pricing import PriceTable
 
 log = structlog.get_logger(__name__)
 
@@ -60,7 +60,7 @@ class Sweeper:
         while True:
             limit = self.batch_size + len(passed)
             async with single_statement(self.db) as conn:
-                run_ids = await repository.overdue_run_ids(conn, self.grace, limit=limit)
+                run_ids = await ledger_store.overdue_run_ids(conn, self.grace, limit=limit)
             for run_id in (r for r in run_ids if r not in passed):
                 bill = await self.bill_one(run_id)
                 if bill is None:

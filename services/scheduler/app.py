@@ -21,7 +21,7 @@ from grpc_health.v1 import health
 from services.core import server as core_server
 from services.core.config import CommonSettings, env_float, env_int, env_map
 from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.internal import server_interceptors
 from services.core.leadership import Leadership
 from services.core.loop import within
@@ -34,7 +34,7 @@ from services.scheduler.intake import EventTrigger, Intake
 from services.scheduler.liveness import LivenessChecker
 from services.scheduler.records import QueuedRun
 from services.scheduler.recovery import Recovery
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.state import SchedulerState
 from services.scheduler.tracking import AssignmentTracker
@@ -97,10 +97,10 @@ class SchedulerApp:
             registry, settings.max_skip_age, max_batch_wait=settings.max_batch_wait
         )
         self.store = EventStore(db)
-        self.repository = SchedulerRepository(db, settings.block_size)
+        self.scheduler_store = SchedulerStore(db, settings.block_size)
         self.clients = WorkerClients(internal_token=settings.common.internal_token)
-        self.intake = Intake(self.state, self.repository)
-        self.tracker = AssignmentTracker(self.state, self.repository)
+        self.intake = Intake(self.state, self.scheduler_store)
+        self.tracker = AssignmentTracker(self.state, self.scheduler_store)
         self.recovery = Recovery(self.state, self.store, self.intake.take)
         self.unfit = UnfitRuns(self.state, self.store, settings.unfit_grace)
         self.liveness = LivenessChecker(
@@ -114,7 +114,7 @@ class SchedulerApp:
         self.dispatcher = Dispatcher(
             self.state,
             self.store,
-            self.repository,
+            self.scheduler_store,
             self.clients,
             on_no_room=self.liveness.poll_now,
         )
@@ -135,7 +135,7 @@ class SchedulerApp:
         )
         self.servicer = SchedulerServicer(
             self.state,
-            Canceller(self.state, self.store, self.repository, self.clients),
+            Canceller(self.state, self.store, self.scheduler_store, self.clients),
             heartbeat_interval=settings.heartbeat_interval,
             on_register=self.liveness.poll_now.set,
             on_queued=self._take_queued,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import structlog
 
-from services.core.eventstore import ConcurrencyConflict, EventStore
+from services.core.event_store import ConcurrencyConflict, EventStore
 from services.core.runs import IllegalTransition, NewEvent, RunState
 from services.scheduler.records import QueuedRun
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.state import SchedulerState
 from services.scheduler.worker_client import WorkerClients
 
@@ -24,12 +24,12 @@ class Canceller:
         self,
         state: SchedulerState,
         store: EventStore,
-        repository: SchedulerRepository,
+        scheduler_store: SchedulerStore,
         clients: WorkerClients,
     ) -> None:
         self.state = state
         self.store = store
-        self.repository = repository
+        self.scheduler_store = scheduler_store
         self.clients = clients
 
     async def cancel(self, run_id: str, reason: str) -> bool:
@@ -61,7 +61,7 @@ class Canceller:
             if run.state != RunState.QUEUED:
                 return await self._forward(run.owner, run_id, reason)
             if queued is None or queued.last_seq != run.last_seq:
-                loaded = await self.repository.load_queued([run_id])
+                loaded = await self.scheduler_store.load_queued([run_id])
                 queued = loaded[0] if loaded else None
                 if queued is None:
                     continue

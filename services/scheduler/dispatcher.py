@@ -10,12 +10,12 @@ import structlog
 from opentelemetry import trace
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.core.telemetry import bound_log_context, context_from_traceparent, get_tracer
 from services.scheduler import metrics
 from services.scheduler.records import Assignment, QueuedRun
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.state import SchedulerState
 from services.scheduler.worker_client import AssignOutcome, Grant, WorkerClients
 from services.scheduler.workers import Worker
@@ -37,7 +37,7 @@ class Dispatcher:
         self,
         state: SchedulerState,
         store: EventStore,
-        repository: SchedulerRepository,
+        scheduler_store: SchedulerStore,
         clients: WorkerClients,
         *,
         idle_interval: float = 0.5,
@@ -45,7 +45,7 @@ class Dispatcher:
     ) -> None:
         self.state = state
         self.store = store
-        self.repository = repository
+        self.scheduler_store = scheduler_store
         self.clients = clients
         self.idle_interval = idle_interval
         # Set when a worker refused for lack of room, so its status is refreshed.
@@ -152,7 +152,7 @@ class Dispatcher:
         self, run: QueuedRun, worker_id: str, address: str
     ) -> AssignOutcome | None:
         """The worker's answer, or None when the run was no longer queued."""
-        leased = await self.repository.lease_if_queued(
+        leased = await self.scheduler_store.lease_if_queued(
             run.run_id, worker_id, run.last_seq, run.lease_epoch
         )
         if leased is None:

@@ -19,7 +19,7 @@ from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.kafka import EventConsumer
 from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
 from services.scheduler.records import QueuedRun
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.state import SchedulerState
 
 log = structlog.get_logger(__name__)
@@ -28,9 +28,9 @@ GROUP_ID = "tollgate-scheduler"
 
 
 class Intake:
-    def __init__(self, state: SchedulerState, repository: SchedulerRepository) -> None:
+    def __init__(self, state: SchedulerState, scheduler_store: SchedulerStore) -> None:
         self.state = state
-        self.repository = repository
+        self.scheduler_store = scheduler_store
 
     def take_hinted(self, runs: Collection[QueuedRun]) -> int:
         """Queues the runs admission describes in full, those not known yet."""
@@ -44,7 +44,7 @@ class Intake:
             for run_id in dict.fromkeys(run_ids)
             if not self.state.knows(run_id) or self.state.is_assigned(run_id)
         ]
-        runs = await self.repository.load_queued(wanted)
+        runs = await self.scheduler_store.load_queued(wanted)
         for run in runs:
             self.state.take_back(run)
         return sum(self.state.enqueue(run) for run in runs)
@@ -64,7 +64,7 @@ class Intake:
     async def scan(self) -> int:
         """Brings the queue in line with the projection; returns how many runs were added."""
         queued_before = set(self.state.queued)
-        queued_now = set(await self.repository.queued_run_ids())
+        queued_now = set(await self.scheduler_store.queued_run_ids())
         for run_id in queued_before - queued_now:
             # Ended elsewhere meanwhile; a run that left the queue since is untouched.
             if run_id in self.state.queued:

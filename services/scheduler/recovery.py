@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import structlog
 
-from services.core.eventstore import ConcurrencyConflict, EventStore, StaleLease
+from services.core.event_store import ConcurrencyConflict, EventStore, StaleLease
 from services.core.requeue import WORKER_LOST, latest, lost_run_events, prefill_event
 from services.core.runs import IllegalTransition, NewEvent, RunState, StoredEvent
 from services.core.telemetry import bound_log_context

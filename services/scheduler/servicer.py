@@ -119,7 +119,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
 
 def run_from_hint(hint: scheduler_pb2.HintedRun, block_size: int) -> QueuedRun:
-    """The run admission describes, as `SchedulerRepository.load_queued` would read it.
+    """The run admission describes, as `SchedulerStore.load_queued` would read it.
 
     Its creation time is its `queued` event's: the same transaction, a statement later
     than the projection row's, which only orders it among runs created that instant.

@@ -14,16 +14,16 @@ import structlog
 
 from services.core.runs import RunState
 from services.scheduler.records import SCHEDULER_OWNER, Assignment, RunStatus
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.state import SchedulerState
 
 log = structlog.get_logger(__name__)
 
 
 class AssignmentTracker:
-    def __init__(self, state: SchedulerState, repository: SchedulerRepository) -> None:
+    def __init__(self, state: SchedulerState, scheduler_store: SchedulerStore) -> None:
         self.state = state
-        self.repository = repository
+        self.scheduler_store = scheduler_store
 
     async def sync(self) -> None:
         await self._end_finished()
@@ -31,14 +31,14 @@ class AssignmentTracker:
 
     async def _end_finished(self) -> None:
         snapshot = dict(self.state.assignments)
-        statuses = await self.repository.statuses(snapshot)
+        statuses = await self.scheduler_store.statuses(snapshot)
         for run_id, assignment in snapshot.items():
             status = statuses.get(run_id)
             if status is None or not _still_assigned(status, assignment):
                 self.state.forget(run_id, assignment.lease_epoch)
 
     async def _adopt_active(self) -> None:
-        for run_id, status in (await self.repository.active_runs()).items():
+        for run_id, status in (await self.scheduler_store.active_runs()).items():
             if not self.state.knows(run_id) and status.owner:
                 self.state.assignments[run_id] = _adopted(status)
                 log.info("run adopted", run_id=run_id, worker_id=status.owner)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import structlog
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.scheduler.dispatcher import REJECTED
 from services.scheduler.records import QueuedRun

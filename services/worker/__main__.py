@@ -1,4 +1,4 @@
-"""`python -m services.worker`, configured by `TOLLGATE_*` variables (README, Configuration)."""
+"""`python -m services.worker`, configured by `TOLLGATE_*` variables (docs/CONFIGURATION.md)."""
 
 import os
 

@@ -25,7 +25,7 @@ from services.core.config import (
     env_str,
 )
 from services.core.db import open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.internal import internal_channel, server_interceptors
 from services.core.loop import wait_set
 from services.core.metrics import start_metrics

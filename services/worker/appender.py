@@ -22,7 +22,7 @@ import structlog
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from engine.outputs import RequestOutput
-from services.core.eventstore import Append, ConcurrencyConflict, EventStore
+from services.core.event_store import Append, ConcurrencyConflict, EventStore
 from services.core.loop import wait_set
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.worker.runs import AssignedRun, step_events

@@ -13,7 +13,7 @@ from engine.errors import RequestError
 from engine.front import EngineFront
 from engine.sampling import Priority, SamplingParams
 from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.requeue import prefill_event
 from services.core.runs import EventStoreError, NewEvent, RunState
 from services.worker.metrics import RUNNING, observe_pool

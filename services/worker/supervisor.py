@@ -18,7 +18,7 @@ import structlog
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from engine.process_engine import ProcessEngine
-from services.core.eventstore import ConcurrencyConflict, EventStore
+from services.core.event_store import ConcurrencyConflict, EventStore
 from services.core.runs import EventStoreError
 from services.core.telemetry import bound_log_context
 from services.worker.appender import StepAppender

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from bench.llama_cpp import F32, Q8_0, variants
-from engine.tools.tiny import init_tiny_model
+from engine.model_dirs.tiny import init_tiny_model
 from tests.engine.gguf_files import write_gguf
 
 

@@ -20,8 +20,8 @@ from engine.config import EngineConfig
 from engine.layers.linear import Linear
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
+from engine.model_dirs.tiny import init_tiny_model
 from engine.sampling import SamplingParams
-from engine.tools.tiny import init_tiny_model
 
 
 def test_a_workload_is_seeded_and_within_its_ranges() -> None:

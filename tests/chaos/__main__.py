@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", action="store_true", help="minutes per phase, not seconds")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from engine.tools.tiny import init_tiny_model
+    from engine.model_dirs.tiny import init_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="tollgate-chaos-model-") as model_dir:
         result = chaos(init_tiny_model(Path(model_dir)), args.long, args.seed)

@@ -7,7 +7,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.tools.tiny import init_tiny_model
+from engine.model_dirs.tiny import init_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ import torch
 from engine.batch_inputs import build_inputs
 from engine.batcher import ScheduledChunk, StepPlan
 from engine.block_manager import BlockManager
-from engine.layers.native import DecodeKernel
 from engine.llm_engine import LLMEngine
 from engine.model_runner import ModelRunner
 from engine.models.llama import LlamaForCausalLM
+from engine.native import DecodeKernel
 from engine.outputs import RequestOutput
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence as Seq

@@ -24,12 +24,12 @@ from engine.layers.lora import attach_adapters  # noqa: E402
 from engine.layers.quantized import quantize_int8  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.loader import load_model, load_model_config  # noqa: E402
+from engine.model_dirs.adapter_init import init_adapter  # noqa: E402
+from engine.model_dirs.tiny import init_tiny_model  # noqa: E402
 from engine.model_runner import ModelRunner  # noqa: E402
 from engine.models.llama import LlamaForCausalLM  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from engine.sequence import Sequence as Seq  # noqa: E402
-from engine.tools.adapter_init import init_adapter  # noqa: E402
-from engine.tools.tiny import init_tiny_model  # noqa: E402
 from tests.engine.helpers import paged_logits, run_all, tokens_of  # noqa: E402
 
 ATOL = 1e-4

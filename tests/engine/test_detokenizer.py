@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from engine.tools.tiny import train_tokenizer
+from engine.model_dirs.tiny import train_tokenizer
 
 TOKENIZER = train_tokenizer(512)
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers import native
+from engine import native
 from engine.layers.linear import (
     Embedding,
     Linear,

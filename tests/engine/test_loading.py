@@ -11,8 +11,8 @@ from engine.config import model_config_from_hf
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model_config
+from engine.model_dirs.tiny import init_tiny_model, train_tokenizer
 from engine.model_files import model_fingerprint
-from engine.tools.tiny import init_tiny_model, train_tokenizer
 
 
 def edit_config(model_dir: Path, **changes: object) -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import native
 from engine.batch_inputs import AttentionShape, _decode_batch, _decode_groups
 from engine.batcher import ScheduledChunk
-from engine.layers import native
 from engine.layers.paged_attention import PagedAttention, Workspace
 from engine.llm_engine import LLMEngine
+from engine.native import library
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 
@@ -111,7 +112,7 @@ def test_engine_gives_the_same_greedy_tokens_with_and_without_the_kernel(
 @needs_kernel
 def test_a_build_without_openmp_computes_the_same(tmp_path: Path) -> None:
     assert KERNEL is not None
-    single = native.load(native._build(["cc"], native.FLAGS, tmp_path)).paged_decode
+    single = native.load(library._build(["cc"], library.FLAGS, tmp_path)).paged_decode
     torch.manual_seed(1)
     cache = torch.randn(2, 2, 64 * 16, 64)
     chunks = _decodes([40, 300, 9], 16, 64)

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import native
 from engine.config import EngineConfig
-from engine.layers import native
 from engine.layers.paged_attention import AttentionMetadata
 from engine.llm_engine import LLMEngine
+from engine.model_dirs.tiny import init_tiny_model
 from engine.model_runner import ModelRunner
 from engine.models.native_decoder import NativeDecoder, native_decoder
 from engine.sampling import SamplingParams
-from engine.tools.tiny import init_tiny_model
 from tests.engine.helpers import run_all, tokens_of
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers import native
+from engine import native
+from engine.native import library
 
 GEMM = native.gemm()
 needs_kernel = pytest.mark.skipif(GEMM is None, reason="the native kernels did not build here")
@@ -81,7 +82,7 @@ def test_each_thread_count_gives_the_same_product() -> None:
 @needs_kernel
 def test_a_build_without_openmp_computes_the_same(tmp_path: Path) -> None:
     assert GEMM is not None
-    single = native.load(native._build(["cc"], native.FLAGS, tmp_path)).gemm
+    single = native.load(library._build(["cc"], library.FLAGS, tmp_path)).gemm
     weight, b = _weights(40, 70, seed=3)
     panels, x = native.pack_panels(weight), torch.randn(13, 70)
     assert torch.equal(single(x, panels, b, 40), GEMM(x, panels, b, 40))

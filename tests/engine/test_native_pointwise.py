@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import native
 from engine.config import RopeConfig
-from engine.layers import native
 from engine.layers.rms_norm import RMSNorm
 from engine.layers.rotary import NativeRotation, RotaryEmbedding, TableRotation
 from engine.llm_engine import LLMEngine

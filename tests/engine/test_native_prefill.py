@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers import native
+from engine import native
 from engine.layers.paged_attention import AttentionMetadata, PagedAttention, PrefillSpan, Workspace
 from engine.llm_engine import LLMEngine
+from engine.native import library
 from engine.sampling import SamplingParams
 
 KERNEL = native.prefill_attention()
@@ -87,7 +88,7 @@ def test_each_thread_count_and_a_build_without_openmp_give_the_same_bits(
     tmp_path: Path,
 ) -> None:
     assert KERNEL is not None
-    single = native.load(native._build(["cc"], native.FLAGS, tmp_path)).prefill_attention
+    single = native.load(library._build(["cc"], library.FLAGS, tmp_path)).prefill_attention
     q, cache, blocks = _case(200, 260, 8, 4, 64, seed=3)
     results = []
     threads = torch.get_num_threads()

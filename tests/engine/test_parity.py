@@ -14,14 +14,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from engine import native  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.layers import native  # noqa: E402
 from engine.layers.linear import pack_linear_layers  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.loader import load_model, load_model_config  # noqa: E402
+from engine.model_dirs.tiny import init_tiny_model  # noqa: E402
 from engine.model_files import weight_files  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
-from engine.tools.tiny import init_tiny_model  # noqa: E402
 from tests.engine.helpers import paged_logits  # noqa: E402
 
 ATOL = 1e-4

@@ -16,16 +16,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import native
 from engine.config import EngineConfig
-from engine.layers import native
 from engine.layers.linear import Linear
 from engine.layers.quantized import DequantBuffer, Int8Linear, quantize_int8
 from engine.layers.tied import TiedHead
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
+from engine.model_dirs.tiny import init_tiny_model
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.sampling import SamplingParams
-from engine.tools.tiny import init_tiny_model
 from tests.engine.helpers import paged_logits
 from tests.engine.test_native_gemm import quantized_activations
 

@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers")
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.loader import load_model, load_model_config, load_tokenizer  # noqa: E402
+from engine.model_dirs.fetch import FetchError, resolve_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
-from engine.tools.fetch import FetchError, resolve_model  # noqa: E402
 from tests.engine.helpers import paged_logits  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def test_an_adapters_logits_match_peft(model_dir: Path, tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     from engine.adapters import load_adapter
     from engine.layers.lora import attach_adapters
-    from engine.tools.adapter_init import init_adapter
+    from engine.model_dirs.adapter_init import init_adapter
     from tests.engine.test_adapters import _batch_logits
 
     adapter_dir = init_adapter(tmp_path / "adapter", model_dir, rank=8, seed=1)

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import native
 from engine.config import EngineConfig
-from engine.layers import native
 from engine.layers.linear import Linear
 from engine.layers.tied import TiedEmbedding, TiedHead, tie_into_panels
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, load_model_config
+from engine.model_dirs.tiny import init_tiny_model
 from engine.models.llama import LlamaForCausalLM
 from engine.sampling import SamplingParams
-from engine.tools.tiny import init_tiny_model
 from tests.engine.helpers import paged_logits
 from tests.engine.test_native_gemm import quantized_activations
 

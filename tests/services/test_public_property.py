@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.core.config import CommonSettings
+from services.core.pricing import PriceTable
 from services.ledger.app import LedgerSettings, create_ledger_server
-from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.admission.calls import request, violations
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth, running_admission

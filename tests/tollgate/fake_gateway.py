@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
+from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.errors import (
     ApiError,
     FailedPrecondition,

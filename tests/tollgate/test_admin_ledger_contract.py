@@ -16,11 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
+from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.db import open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.server import create_server
-from services.ledger.pricing import PriceTable
 from services.ledger.servicer import LedgerServicer
 from services.ledger.sweep import Sweeper
 from tests.services.admission.running import ADMIN_TOKEN, auth, running_admission

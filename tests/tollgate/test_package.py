@@ -93,7 +93,7 @@ def test_an_operator_command_shows_its_real_options() -> None:
 def test_an_operator_command_parses_to_its_own_function() -> None:
     args = build_parser().parse_args(["infra", "up", "--data-dir", "/tmp/x"])
     assert (args.command, args.infra_command, str(args.data_dir)) == ("infra", "up", "/tmp/x")
-    assert args.func.__module__ == "services.stack.infra_cli"
+    assert args.func.__module__ == "services.commands.infra"
 
 
 @pytest.mark.parametrize("command", OPERATOR_COMMANDS, ids=lambda c: c.name)

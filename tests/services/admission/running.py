@@ -13,19 +13,20 @@ from pathlib import Path
 
 import grpc
 
-from services.admission.attachments import LEASE_SECONDS, Attachments
+from services.admission.attachment_store import LEASE_SECONDS, Attachments
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
+from services.admission.grpc.admin_servicer import AdminServicer
+from services.admission.grpc.gateway_servicer import GatewayServicer
 from services.admission.requests import Limits
-from services.admission.servicer import AdminServicer, GatewayServicer
 from services.admission.stream import RunFeed
-from services.admission.tenants import TenantRepository
+from services.admission.tenant_store import TenantStore
 from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.relay import OutboxRelay
 from services.core.server import create_server
-from services.ledger.pricing import PriceTable
 from tollgate.v1 import admin_pb2_grpc, gateway_pb2_grpc
 
 ADMIN_TOKEN = "test-admin-token"
@@ -40,7 +41,7 @@ class Admission:
     admin: admin_pb2_grpc.AdminServiceStub
     store: EventStore
     db: Database
-    tenants: TenantRepository
+    tenants: TenantStore
     core: Gateway
     admin_topic: str
 
@@ -107,7 +108,7 @@ async def running_admission(
             db,
             # Tenants the tests make run as many runs at once as they like, unless a test
             # sets a quota; the admin API's tenants start with the default.
-            TenantRepository(db, default_max_concurrent_runs=0),
+            TenantStore(db, default_max_concurrent_runs=0),
             gateway,
             admin_topic,
         )

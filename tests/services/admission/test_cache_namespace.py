@@ -10,7 +10,7 @@ from google.protobuf import timestamp_pb2
 
 from services.scheduler.fair_queue import QueueClass
 from services.scheduler.records import QueuedRun
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.servicer import run_from_hint
 from services.scheduler.worker_client import Grant, assign_request
 from services.worker.servicer import assignment_from_proto
@@ -53,7 +53,7 @@ async def test_a_client_cannot_choose_its_runs_cache_namespace(admission: Admiss
     queued = await call.read()
     call.cancel()
     assert isinstance(queued, events_pb2.RunEvent) and queued.tenant_id == tenant_id
-    [run] = await SchedulerRepository(admission.db).load_queued([queued.run_id])
+    [run] = await SchedulerStore(admission.db).load_queued([queued.run_id])
     assert run.tenant_id == tenant_id
     assert VICTIM not in json.dumps(dict(run.payload))
     assert namespace_of(run) == tenant_id

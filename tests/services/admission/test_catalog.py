@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.tools.adapter_init import init_adapter
-from engine.tools.tiny import init_tiny_model
+from engine.model_dirs.adapter_init import init_adapter
+from engine.model_dirs.tiny import init_tiny_model
 from services.admission.catalog import ModelCatalog
 from services.core.auth import Principal
 from services.core.config import ConfigError

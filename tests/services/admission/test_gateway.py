@@ -23,7 +23,7 @@ from services.admission.stream import RunFeed
 from services.core.errors import InvalidArgument, QuotaExceeded, Unavailable
 from services.core.fleet import FleetView
 from services.core.runs import RunState
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.servicer import run_from_hint
 from tests.services.admission.calls import count_runs, first_event, request, violations
 from tests.services.admission.running import MODEL, Admission, auth
@@ -337,8 +337,8 @@ async def test_the_scheduler_hears_of_each_new_run_once(
     [admitted] = hinted
     # The scheduler queues the hinted run as it would read it from the store; only the
     # creation time is its `queued` event's, a statement later than the projection row's.
-    repository = SchedulerRepository(admission.db, block_size=16)
-    [stored] = await repository.load_queued([run_id])
+    scheduler_store = SchedulerStore(admission.db, block_size=16)
+    [stored] = await scheduler_store.load_queued([run_id])
     from_hint = run_from_hint(hinted_run(admitted), 16)
     assert 0 <= from_hint.created_at - stored.created_at < 1.0
     assert replace(from_hint, created_at=stored.created_at) == stored

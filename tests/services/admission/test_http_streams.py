@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx2
 from google.protobuf import duration_pb2
 
-from services.admission.http_app import create_app
+from services.admission.http.app import create_app
 from tests.services.admission.calls import request
 from tests.services.admission.running import MODEL, Admission, auth
 from tests.services.admission.test_isolation import set_stream_quota

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.admission.http_requests import (
+from services.admission.http.requests import (
     DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
@@ -18,7 +18,7 @@ from services.admission.http_requests import (
     completion_params,
     param_names,
 )
-from services.admission.http_responses import Completion, http_error, sse_frame
+from services.admission.http.responses import Completion, http_error, sse_frame
 from services.admission.requests import Limits, field_violations
 from services.core.errors import (
     FieldViolation,

@@ -17,7 +17,7 @@ from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.requests import GenerateParams, Limits, Sampling
 from services.admission.stream import RunFeed
 from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
-from services.admission.tenants import DEFAULT_MAX_CONCURRENT_RUNS
+from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS
 from services.core.auth import authenticate
 from services.core.db import open_db
 from services.core.errors import DATABASE_AWAY, QuotaExceeded, Unauthenticated, Unavailable

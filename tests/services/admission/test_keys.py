@@ -11,8 +11,8 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from services.admission.http_app import create_app
-from services.admission.http_server import HttpServer
+from services.admission.http.app import create_app
+from services.admission.http.server import HttpServer
 from tests.services.admission.calls import first_event, request, secret_part
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
 from tollgate.v1 import admin_pb2, gateway_pb2

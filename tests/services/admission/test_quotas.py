@@ -9,8 +9,8 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
+from services.core.pricing import PriceTable
 from services.ledger.billing import bill_run
-from services.ledger.pricing import PriceTable
 from tests.services.admission.calls import details, request, violations
 from tests.services.admission.running import (
     ADMIN_TOKEN,

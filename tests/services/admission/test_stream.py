@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from services.admission.stream import RunFeed, stream_events
 from services.core.db import EVENTS_CHANNEL, open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.admission.worker_double import finish_run
 from tests.services.core.events import start_run, streaming

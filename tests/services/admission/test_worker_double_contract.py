@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from services.core.db import open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.runs import RunState, StoredEvent
-from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.admission.worker_double import finish_run
 from tests.services.scheduler.helpers import queue_run

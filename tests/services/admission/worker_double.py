@@ -9,7 +9,7 @@ with the worker's usage, then `billed` with one ledger entry per billing type.
 from datetime import UTC, datetime
 from typing import Any
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, RunState
 
 WORKER_ID = "worker-double"

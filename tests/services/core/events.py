@@ -2,7 +2,7 @@
 
 import uuid
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
 
 

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.consumer import Handler, TrackingConsumer
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.core.events import start_run, streaming
 from tests.services.core.test_consumer import applied_effects, create_effects_table, record_effect

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.db import EVENTS_CHANNEL, Database, libpq_url
-from services.core.eventstore import (
+from services.core.event_store import (
     Append,
     ConcurrencyConflict,
     EventStore,

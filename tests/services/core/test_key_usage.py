@@ -2,8 +2,8 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from services.admission.keys import KeyRepository
-from services.admission.tenants import TenantRepository
+from services.admission.key_store import KeyStore
+from services.admission.tenant_store import TenantStore
 from services.core.auth import authenticate
 from services.core.db import Database
 from services.core.key_usage import KeyUsage
@@ -18,8 +18,8 @@ async def row_version(db: Database, key_id: str) -> tuple[str, datetime | None]:
 
 
 async def test_uses_are_written_in_one_statement_per_flush(db: Database) -> None:
-    tenant = await TenantRepository(db).create("acme", 1)
-    keys = [await KeyRepository(db).create(tenant.tenant_id) for _ in range(2)]
+    tenant = await TenantStore(db).create("acme", 1)
+    keys = [await KeyStore(db).create(tenant.tenant_id) for _ in range(2)]
     moments = iter(datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=n) for n in range(10))
     usage = KeyUsage(clock=lambda: next(moments))
     written = await row_version(db, keys[0].key_id)
@@ -38,8 +38,8 @@ async def test_uses_are_written_in_one_statement_per_flush(db: Database) -> None
 
 
 async def test_a_flush_never_moves_a_last_use_back(db: Database) -> None:
-    tenant = await TenantRepository(db).create("acme", 1)
-    key = await KeyRepository(db).create(tenant.tenant_id)
+    tenant = await TenantStore(db).create("acme", 1)
+    key = await KeyStore(db).create(tenant.tenant_id)
     late, early = datetime(2030, 1, 2, tzinfo=UTC), datetime(2030, 1, 1, tzinfo=UTC)
     for moment in (late, early):  # two replicas, the one that saw the later use first
         usage = KeyUsage(clock=lambda moment=moment: moment)  # type: ignore[misc]

@@ -6,7 +6,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, RunState
 from tests.services.core.events import start_run, streaming

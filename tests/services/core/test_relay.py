@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 from services.core.db import Database
-from services.core.eventstore import Append, EventStore, append_in
+from services.core.event_store import Append, EventStore, append_in
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, NewRun, RunState
 from tests.services.core.events import new_run_id, start_run, streaming

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.kafka import EventConsumer, ensure_topics
 from services.core.relay import LostLog, OutboxRelay
 from tests.services.core.events import start_run

@@ -3,8 +3,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
-from services.ledger.pricing import PriceTable
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 
 
 @pytest.fixture

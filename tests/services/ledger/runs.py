@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from services.core.auth import new_key
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, NewRun, RunState
 from services.core.schema import api_keys, kv_reservations, ledger_entries, runs, tenants
 

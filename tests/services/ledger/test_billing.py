@@ -4,11 +4,11 @@ import sqlalchemy as sa
 
 from services.core.codec import payload_of, to_proto
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.runs import RunState
 from services.core.schema import kv_reservations, ledger_entries
 from services.ledger.billing import bill_run
-from services.ledger.pricing import PriceTable
 from services.ledger.reconcile import Scope, check
 from tests.services.ledger.runs import entry_count, queued_run, terminal_run, usage
 

@@ -5,12 +5,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.kafka import EventConsumer
+from services.core.pricing import PriceTable
 from services.core.relay import OutboxRelay
 from services.core.runs import RunState
 from services.ledger.consumer import LEDGER_GROUP, LedgerConsumer
-from services.ledger.pricing import PriceTable
 from tests.services.core.kafka_tools import CountsRecords, read_topic, wait_for
 from tests.services.ledger.runs import entry_count, open_reservations, terminal_run
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import RunState
 from tests.services.core.kafka_tools import wait_for
 from tests.services.ledger.runs import create_tenant, terminal_run

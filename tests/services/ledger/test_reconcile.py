@@ -7,9 +7,9 @@ import pytest
 import sqlalchemy as sa
 
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.schema import kv_reservations, ledger_entries, outbox, run_events, runs
-from services.ledger.pricing import PriceTable
 from services.ledger.reconcile import InvariantReport, Scope, check
 from services.ledger.sweep import Sweeper
 from tests.services.ledger.runs import create_tenant, queued_run, terminal_run

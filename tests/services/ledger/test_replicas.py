@@ -6,7 +6,7 @@ import os
 from contextlib import AsyncExitStack
 
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import RunState
 from tests.services.ledger.runs import entry_count, open_reservations, terminal_run
 from tests.services.processes import service_process

@@ -11,11 +11,11 @@ from google.protobuf import timestamp_pb2
 
 from services.core.config import CommonSettings
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.ratelimit import FAILURE_BURST
 from services.core.schema import kv_reservations, ledger_entries, runs
 from services.ledger.app import LedgerSettings, create_ledger_server
-from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.ledger.runs import age_runs, create_tenant, queued_run, terminal_run, usage
 from tollgate.errors import unpack_details

@@ -3,10 +3,10 @@ import asyncio
 from prometheus_client import REGISTRY
 
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
+from services.core.pricing import PriceTable
 from services.core.runs import RunState, StoredEvent
 from services.ledger.consumer import LedgerConsumer
-from services.ledger.pricing import PriceTable
 from services.ledger.sweep import Sweeper
 from tests.services.ledger.runs import (
     age_runs,

@@ -10,7 +10,7 @@ import pytest
 
 from services.core.config import CommonSettings
 from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.scheduler.app import SchedulerApp, SchedulerSettings, create_server
 from tests.services.scheduler.fakes import FakeWorker
 from tollgate.v1 import scheduler_pb2_grpc

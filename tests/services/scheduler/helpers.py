@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, NewRun, RunState
 from services.core.schema import tenants
 from tests.services.scheduler.fakes import BLOCK_SIZE, FakeWorker

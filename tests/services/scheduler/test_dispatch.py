@@ -6,10 +6,10 @@ import time
 import grpc
 
 from services.core.db import Database, open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, RunState
 from services.scheduler.dispatcher import Dispatcher
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.state import SchedulerState
 from services.scheduler.worker_client import AssignOutcome, AssignResult
 from services.scheduler.workers import WorkerRegistry, WorkerReport
@@ -193,11 +193,11 @@ async def test_a_no_room_answer_keeps_the_worker_full_until_it_reports_again(
         "w1", WorkerReport(num_free_blocks=8, model="tiny", num_total_blocks=64), time.monotonic()
     )
     state = SchedulerState(registry)
-    repository = SchedulerRepository(db, BLOCK_SIZE)
-    [run] = await repository.load_queued([await queue_run(store)])
+    scheduler_store = SchedulerStore(db, BLOCK_SIZE)
+    [run] = await scheduler_store.load_queued([await queue_run(store)])
     state.enqueue(run)
     clients = _NoRoom()
-    dispatcher = Dispatcher(state, store, repository, clients)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(state, store, scheduler_store, clients)  # type: ignore[arg-type]
 
     assert await dispatcher.dispatch_one()
     # The run is queued again, and nothing fits the worker until it says otherwise.
@@ -219,7 +219,7 @@ def _one_worker(num_free_blocks: int) -> WorkerRegistry:
     return registry
 
 
-class _CountedRepository(SchedulerRepository):
+class _CountedStore(SchedulerStore):
     num_leases = 0
 
     async def lease_if_queued(self, run_id: str, owner: str, last_seq: int, lease_epoch: int):  # type: ignore[no-untyped-def]
@@ -231,11 +231,11 @@ async def test_while_the_database_is_away_the_dispatcher_backs_off(
     store: EventStore, db: Database
 ) -> None:
     state = SchedulerState(_one_worker(num_free_blocks=64))
-    [run] = await SchedulerRepository(db, BLOCK_SIZE).load_queued([await queue_run(store)])
+    [run] = await SchedulerStore(db, BLOCK_SIZE).load_queued([await queue_run(store)])
     state.enqueue(run)
     away = open_db(f"postgresql://postgres@127.0.0.1:{free_port()}/gone", pool_size=1)
-    repository = _CountedRepository(away, BLOCK_SIZE)
-    dispatcher = Dispatcher(state, store, repository, _NoRoom())  # type: ignore[arg-type]
+    scheduler_store = _CountedStore(away, BLOCK_SIZE)
+    dispatcher = Dispatcher(state, store, scheduler_store, _NoRoom())  # type: ignore[arg-type]
     task = asyncio.create_task(dispatcher.run())
     try:
         await asyncio.sleep(2.0)
@@ -244,6 +244,6 @@ async def test_while_the_database_is_away_the_dispatcher_backs_off(
         await asyncio.gather(task, return_exceptions=True)
         await away.dispose()
     # 0.1 + 0.2 + 0.4 + 0.8 s of pauses, not a lease attempt per turn of the loop.
-    assert 2 <= repository.num_leases <= 6
+    assert 2 <= scheduler_store.num_leases <= 6
     assert dispatcher.backoff >= 0.4
     assert run.run_id in state.queued

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.requeue import MAX_REQUEUES
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.scheduler.fakes import FakeWorker

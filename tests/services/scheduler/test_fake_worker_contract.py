@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from services.core.db import open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from tests.services.scheduler.fakes import FakeWorker
 from tests.services.worker.running import BLOCK_SIZE, PROMPT, assignment, leased_run, running_worker
 from tollgate.v1 import worker_pb2, worker_pb2_grpc

@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import Database
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, RunState
 from services.scheduler.intake import GROUP_ID, EventTrigger
 from tests.services.scheduler.helpers import add_tenant, queue_run, wait_for

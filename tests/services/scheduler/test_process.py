@@ -7,7 +7,7 @@ import signal
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from tests.services.processes import service_process
 from tests.services.scheduler.helpers import queue_run, wait_for
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc

@@ -11,10 +11,10 @@ import pytest
 import sqlalchemy as sa
 
 from services.core.db import Database
-from services.core.eventstore import ConcurrencyConflict, EventStore, StaleLease
+from services.core.event_store import ConcurrencyConflict, EventStore, StaleLease
 from services.core.runs import IllegalTransition, NewEvent, RunState
 from services.scheduler.app import SCHEDULER_LOCK_KEY
-from services.scheduler.repository import SchedulerRepository
+from services.scheduler.scheduler_store import SchedulerStore
 from tests.services.scheduler.fakes import FakeWorker
 from tests.services.scheduler.helpers import heartbeats, queue_run, wait_for
 from tollgate.v1 import scheduler_pb2
@@ -27,16 +27,16 @@ TAKEOVER_BOUND_S = 2.0
 async def test_of_two_leases_from_one_reading_only_the_first_is_granted(
     db: Database, store: EventStore
 ) -> None:
-    repository = SchedulerRepository(db)
+    scheduler_store = SchedulerStore(db)
     run_id = await queue_run(store)
-    [run] = await repository.load_queued([run_id])
+    [run] = await scheduler_store.load_queued([run_id])
 
-    first = await repository.lease_if_queued(run_id, "w1", run.last_seq, run.lease_epoch)
-    second = await repository.lease_if_queued(run_id, "w2", run.last_seq, run.lease_epoch)
+    first = await scheduler_store.lease_if_queued(run_id, "w1", run.last_seq, run.lease_epoch)
+    second = await scheduler_store.lease_if_queued(run_id, "w2", run.last_seq, run.lease_epoch)
 
     assert first == (run.lease_epoch + 1, run.last_seq)
     assert second is None
-    [again] = await repository.load_queued([run_id])
+    [again] = await scheduler_store.load_queued([run_id])
     assert again.lease_epoch == run.lease_epoch + 1  # read again, it may be leased again
 
 

@@ -12,7 +12,7 @@ from services.scheduler.state import SchedulerState
 from services.scheduler.workers import WorkerRegistry, WorkerReport
 
 
-class RecordingRepository:
+class RecordingStore:
     """Records which runs intake asks the database about; none is queued."""
 
     block_size = 16
@@ -27,11 +27,11 @@ class RecordingRepository:
 
 async def test_a_late_queued_event_of_an_ended_run_costs_no_query() -> None:
     state = SchedulerState(WorkerRegistry())
-    repository = RecordingRepository()
+    scheduler_store = RecordingStore()
     state.forget("run_ended")
-    taken = await Intake(state, repository).take(["run_ended", "run_new"])  # type: ignore[arg-type]
+    taken = await Intake(state, scheduler_store).take(["run_ended", "run_new"])  # type: ignore[arg-type]
     assert taken == 0
-    assert repository.asked == [["run_new"]]
+    assert scheduler_store.asked == [["run_new"]]
 
 
 def queued_event(run_id: str, seq: int) -> StoredEvent:
@@ -40,7 +40,7 @@ def queued_event(run_id: str, seq: int) -> StoredEvent:
 
 async def test_only_a_queued_event_that_may_bring_a_run_back_costs_a_query() -> None:
     state = SchedulerState(WorkerRegistry())
-    repository = RecordingRepository()
+    scheduler_store = RecordingStore()
     state.enqueue(queued("waiting", QueueClass.INTERACTIVE, 1))
     for run_id in ("assigned", "handed_back"):
         state.settle(run_id, Assignment(run_id, "t", "w1", 1, 0.0, last_seq=1))
@@ -50,8 +50,8 @@ async def test_only_a_queued_event_that_may_bring_a_run_back_costs_a_query() -> 
         queued_event("handed_back", 3),  # queued again after its lease
         queued_event("unknown", 1),
     ]
-    assert await Intake(state, repository).take_events(events) == 0  # type: ignore[arg-type]
-    assert repository.asked == [["handed_back", "unknown"]]
+    assert await Intake(state, scheduler_store).take_events(events) == 0  # type: ignore[arg-type]
+    assert scheduler_store.asked == [["handed_back", "unknown"]]
 
 
 def test_only_the_latest_ends_are_remembered() -> None:

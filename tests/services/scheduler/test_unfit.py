@@ -3,7 +3,7 @@ queued run no live worker serving its model could ever hold ends `failed` REJECT
 
 import asyncio
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import RunState
 from tests.services.scheduler.fakes import BLOCK_SIZE
 from tests.services.scheduler.helpers import queue_run, wait_for

@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from services.core.eventstore import EventStore, StaleLease
+from services.core.event_store import EventStore, StaleLease
 from services.core.runs import NewEvent, RunState
 from tests.services.scheduler.fakes import FakeWorker
 from tests.services.scheduler.helpers import heartbeats, queue_run, wait_for

@@ -3,7 +3,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.core.db import open_db
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 
 
 @pytest.fixture

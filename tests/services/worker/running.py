@@ -17,7 +17,7 @@ import psutil
 
 from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.server import create_server
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore

@@ -10,10 +10,10 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.model_dirs.adapter_init import init_adapter
 from engine.sampling import SamplingParams
-from engine.tools.adapter_init import init_adapter
 from services.core.config import ConfigError
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import StoredEvent
 from services.worker.app import WorkerSettings
 from tests.services.scheduler.helpers import wait_for

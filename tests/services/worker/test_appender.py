@@ -4,7 +4,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.exc import OperationalError
 
 from engine.outputs import RequestOutput
-from services.core.eventstore import Append, EventStore
+from services.core.event_store import Append, EventStore
 from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
 from services.worker.appender import StepAppender
 from services.worker.runs import AssignedRun

@@ -13,7 +13,7 @@ import grpc
 import psutil
 import pytest
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.requeue import MAX_REQUEUES
 from services.core.runs import RunState, StoredEvent
 from tests.services.processes import service_process

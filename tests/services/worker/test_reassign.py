@@ -10,7 +10,7 @@ import grpc
 import psutil
 import pytest
 
-from services.core.eventstore import EventStore
+from services.core.event_store import EventStore
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.scheduler.helpers import wait_for
 from tests.services.worker.running import assignment, engine_of, leased_run, running_worker

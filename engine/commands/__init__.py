@@ -1,0 +1,1 @@
+"""The engine's `tollgate` subcommands, one module each: `models` and `engine`."""

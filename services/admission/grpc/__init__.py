@@ -1,0 +1,1 @@
+"""Admission's gRPC front door: the public GatewayService and AdminService."""

@@ -1,0 +1,340 @@
+"""The OpenAI-compatible HTTP front door: routes that translate between HTTP and admission's
+`Gateway`, as the gRPC servicer does for protobuf. Same keys, same runs, same rules."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.admission.catalog import ModelEntry
+from services.admission.gateway import Gateway
+from services.admission.http.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_params,
+    completion_params,
+    param_names,
+)
+from services.admission.http.responses import (
+    Completion,
+    error_body,
+    event_json,
+    http_error,
+    run_failure,
+    run_json,
+    sse_frame,
+)
+from services.admission.requests import GenerateParams, Limits
+from services.admission.run_store import get_tenant_run
+from services.core.auth import Principal, require_model
+from services.core.errors import (
+    ApiError,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    as_api_error,
+    count_rejection,
+)
+from services.core.runs import RunState, StoredEvent, is_terminal
+from services.core.telemetry import bound_log_context
+
+T = TypeVar("T")
+NOT_JSON = "send a JSON object, with content-type: application/json"
+MAX_SEQ = 2**63 - 1
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# Declared for the OpenAPI document; the key itself is checked as gRPC's is.
+bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    app = FastAPI(
+        title="Tollgate",
+        summary="OpenAI-compatible completions with resumable streams",
+        docs_url=None,
+        redoc_url=None,
+    )
+    api = HttpApi(gateway)
+    app.post("/v1/chat/completions", response_model=None)(api.chat_completions)
+    app.post("/v1/completions", response_model=None)(api.completions)
+    app.get("/v1/models")(api.list_models)
+    app.get("/v1/models/{model}")(api.get_model)
+    app.get("/v1/runs/{run_id}")(api.get_run)
+    app.post("/v1/runs/{run_id}/cancel")(api.cancel_run)
+    app.get("/v1/runs/{run_id}/events", response_model=None)(api.run_events)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_middleware(RequestId)
+    return app
+
+
+class HttpApi:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def chat_completions(
+        self,
+        body: ChatCompletionRequest,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Response:
+        return await self._complete(
+            request, body, lambda: chat_params(body, request.headers, self._limits)
+        )
+
+    async def completions(
+        self,
+        body: CompletionRequest,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Response:
+        return await self._complete(
+            request, body, lambda: completion_params(body, request.headers, self._limits)
+        )
+
+    async def list_models(
+        self,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> dict[str, Any]:
+        """The models the caller's key may use."""
+        principal = await self._principal(request)
+        models = self.gateway.catalog.usable_by(principal)
+        return {"object": "list", "data": [_model(entry) for entry in models]}
+
+    async def get_model(
+        self,
+        model: str,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> dict[str, Any]:
+        entry = self.gateway.catalog.find(await self._principal(request), model)
+        if entry is None:
+            raise NotFound(f"model {model[:64]!r} not found")
+        return _model(entry)
+
+    async def get_run(
+        self,
+        run_id: str,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> JSONResponse:
+        tenant_id = await self._tenant(request)
+        run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
+        return JSONResponse(run_json(run), headers={"x-request-id": run.run_id})
+
+    async def cancel_run(
+        self,
+        run_id: str,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> JSONResponse:
+        tenant_id = await self._tenant(request)
+        run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
+        cancelled = await self.gateway.canceller.cancel(run, "cancelled by client")
+        return JSONResponse(run_json(cancelled), headers={"x-request-id": run.run_id})
+
+    async def run_events(
+        self,
+        run_id: str,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        starting_after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+        last_event_id: Annotated[str | None, Header(description="an SSE id seen last")] = None,
+    ) -> StreamingResponse:
+        """The run's events after `Last-Event-ID` (else `starting_after`), until `billed`."""
+        tenant_id = await self._tenant(request)
+        after = _resume_point(last_event_id, starting_after)
+        run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
+        events = await self.gateway.follow(tenant_id, run.run_id, after, until_terminal=False)
+        frames = (sse_frame(event_json(e), e.seq) async for e in events)
+        return _sse(frames, run.run_id)
+
+    async def _tenant(self, request: Request) -> str:
+        tenant_id = (await self._principal(request)).tenant_id
+        assert tenant_id is not None
+        return tenant_id
+
+    async def _principal(self, request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        peer = request.client.host if request.client is not None else ""
+        return await self.gateway.principal([("authorization", header)], peer)
+
+    @property
+    def _limits(self) -> Limits:
+        return self.gateway.config.limits
+
+    async def _complete(
+        self,
+        request: Request,
+        body: ChatCompletionRequest | CompletionRequest,
+        params_of: Callable[[], GenerateParams],
+    ) -> Response:
+        """Authenticates, then reads the body's parameters (a 401 comes before a 400)."""
+        request.state.param_names = param_names(body)
+        principal = await self._principal(request)
+        tenant_id = principal.tenant_id
+        assert tenant_id is not None
+        key_id = principal.key_id or ""
+        params = params_of()
+        require_model(principal, params.model)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        started = await self.gateway.start(tenant_id, params, key_id)
+        completion = Completion(
+            bool(params.messages), started.run_id, params.model, include_usage=include_usage
+        )
+        events = await self.gateway.follow(tenant_id, started.run_id, 0, True, known=started.stored)
+        if body.stream:
+            return _sse(_completion_frames(events, completion), started.run_id, started.rate_limits)
+        with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
+            ended = await _until_disconnect(request, _last(events, completion))
+        headers = {"x-request-id": started.run_id, **started.rate_limits}
+        failure = run_failure(ended) if ended is not None else None
+        if failure is not None:
+            status = 409 if ended is not None and ended.kind == RunState.CANCELLED else 500
+            return JSONResponse(failure, status, headers=headers)
+        return JSONResponse(completion.body(), headers=headers)
+
+
+def _model(entry: ModelEntry) -> dict[str, Any]:
+    """An OpenAI model object; `root` and `parent` as vLLM gives them (an adapter's base)."""
+    return {
+        "id": entry.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tollgate",
+        "root": entry.parent or entry.name,
+        "parent": entry.parent or None,
+    }
+
+
+def _resume_point(last_event_id: str | None, starting_after: int) -> int:
+    if last_event_id is None:
+        return starting_after
+    if last_event_id.strip().isdigit() and int(last_event_id) <= MAX_SEQ:
+        return int(last_event_id)
+    raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
+
+
+def _sse(
+    frames: AsyncIterator[bytes], run_id: str, extra: Mapping[str, str] | None = None
+) -> StreamingResponse:
+    headers = {"x-request-id": run_id, **SSE_HEADERS, **(extra or {})}
+    return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
+
+
+async def _completion_frames(
+    events: AsyncIterator[StoredEvent], completion: Completion
+) -> AsyncIterator[bytes]:
+    async for event in events:
+        for frame in completion.frames(event):
+            yield frame
+
+
+async def _last(events: AsyncIterator[StoredEvent], completion: Completion) -> StoredEvent:
+    """Feeds the run's events into `completion` until the terminal one, which it returns."""
+    async for event in events:
+        completion.add(event)
+        if is_terminal(event.kind):
+            return event
+    raise AssertionError("a run's events end with a terminal one")
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None once the client hangs up first (then `work` is cancelled,
+    which detaches from the run as a broken stream does)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()
+        # Waited for, so the run is detached before the answer goes.
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _json_error(error: ApiError, param_names: Mapping[str, str] | None = None) -> JSONResponse:
+    answer = http_error(error, param_names)
+    return JSONResponse(answer.body, answer.status, headers=answer.headers)
+
+
+async def _api_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    route = request.scope.get("route")
+    count_rejection(getattr(route, "path", "unknown"), error)
+    return _json_error(error, getattr(request.state, "param_names", None))
+
+
+async def _validation_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, RequestValidationError)
+    violations = []
+    for issue in error.errors():
+        loc = issue.get("loc", ())
+        if issue.get("type") == "json_invalid" or tuple(loc) == ("body",):
+            violations.append(FieldViolation("body", NOT_JSON))
+        else:
+            violations.append(FieldViolation(_param(loc), str(issue.get("msg", "invalid"))))
+    return _json_error(InvalidArgument(violations or [FieldViolation("body", NOT_JSON)]))
+
+
+def _param(loc: tuple[Any, ...] | list[Any]) -> str:
+    """`messages[0].content` for pydantic's ("body", "messages", 0, "content")."""
+    path = ""
+    for part in list(loc)[1:] if loc and loc[0] in ("body", "query", "header", "path") else loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    if loc and loc[0] == "header":
+        return path.replace("_", "-")
+    return path or "body"
+
+
+async def _http_exception(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    body = error_body(str(error.detail), kind, None, None)
+    return JSONResponse(body, error.status_code, headers=dict(error.headers or {}))
+
+
+async def _unexpected_error(request: Request, error: Exception) -> Response:
+    return _json_error(as_api_error(request.url.path, error))
+
+
+class RequestId:
+    """Gives every answer an `x-request-id`: the run's id where a run is named, else a new
+    one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(name == b"x-request-id" for name, _ in headers):
+                    headers.append((b"x-request-id", f"req_{uuid.uuid4().hex}".encode()))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
