@@ -135,7 +135,13 @@ async def main(settings: AdmissionSettings) -> None:
     def add_servicers(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(db, settings.admin_token, settings.default_max_concurrent_runs), server
+            AdminServicer(
+                db,
+                settings.admin_token,
+                settings.default_max_concurrent_runs,
+                failures=gateway.auth_failures,
+            ),
+            server,
         )
 
     server, port, health = create_server(settings.common.listen, add_servicers, tls=settings.tls)

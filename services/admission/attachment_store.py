@@ -123,19 +123,28 @@ class Attachments:
 
     async def run(self, on_abandoned: Callable[[str], Awaitable[None]]) -> None:
         """Renews this replica's leases and sweeps for abandoned runs until cancelled;
-        `on_abandoned` is awaited for each, one at a time."""
-        renewed = 0.0
-        loop = asyncio.get_running_loop()
+        `on_abandoned` is awaited for each, one at a time. The two loops are apart, so a
+        slow cancel never holds back a renewal (other replicas would take a run whose
+        lease lapsed for abandoned)."""
+        await asyncio.gather(self._renew_leases(), self._sweep(on_abandoned))
+
+    async def _renew_leases(self) -> None:
         while True:
             stop_if_cancelled()
             try:
-                if loop.time() - renewed >= self.renew_interval:
-                    await self._renew()
-                    renewed = loop.time()
+                await self._renew()
+            except DATABASE_AWAY as error:
+                log.warning("attachments unavailable", error=type(error).__name__)
+            await asyncio.sleep(self.renew_interval)
+
+    async def _sweep(self, on_abandoned: Callable[[str], Awaitable[None]]) -> None:
+        while True:
+            stop_if_cancelled()
+            try:
                 for run_id in await self._abandoned():
                     await on_abandoned(run_id)
             except DATABASE_AWAY as error:
-                log.warning("attachments unavailable", error=type(error).__name__)
+                log.warning("abandoned runs not swept", error=type(error).__name__)
             await asyncio.sleep(self.sweep_interval)
 
     async def aclose(self) -> None:

@@ -7,7 +7,9 @@ the limit at fault) or None. The stages run in this order, cheapest first:
 1. `on_request`: the request alone, no I/O.
 2. `on_load`: the moment's state: the tenant's open streams, the scheduler's queues and
    the fleet's free KV, the tenant's share of the queue. A retry of a run already admitted
-   under the same idempotency key is not refused here: it finds that run.
+   under the same idempotency key is not refused here: it finds that run. Once these pass,
+   `Gateway.start` reserves the run's stream, refusing as `open_streams` does, so that
+   requests racing past that check are refused before their runs exist.
 3. `on_tokens`: the prompt once tokenized: the model's context and vocabulary, the
    largest worker serving the model, the size of the `queued` event.
 4. `on_hold`: the tenant's and the key's quotas, read under the tenant's row lock in the

@@ -125,8 +125,21 @@ class Gateway:
             if existing is None:
                 raise refused
             return Started(self._same_request(existing, params))
-        admission = await self._prepare(candidate)
-        candidate = replace(candidate, admission=admission)
+        run_id = f"run_{uuid.uuid4().hex}"
+        # Held from here, so that requests racing past `open_streams` are refused before
+        # their runs exist; the run's stream claims it (`follow`).
+        self.streams.reserve(tenant_id, await self.stream_limits.get(tenant_id), run_id)
+        try:
+            return await self._admit(
+                replace(candidate, admission=await self._prepare(candidate, run_id))
+            )
+        except BaseException:
+            self.streams.release(tenant_id, run_id)
+            raise
+
+    async def _admit(self, candidate: Candidate) -> Started:
+        checks, admission, params = self.checks, candidate.admission, candidate.params
+        assert admission is not None
         refused = await checks.first_refusal(checks.on_tokens, candidate)
         if refused is not None:
             raise refused
@@ -142,7 +155,8 @@ class Gateway:
                     ),
                 )
             except IdempotencyKeyTaken:
-                existing = await self._existing(tenant_id, params)
+                self.streams.release(admission.tenant_id, admission.run_id)
+                existing = await self._existing(admission.tenant_id, params)
                 assert existing is not None
                 return Started(self._same_request(existing, params))
         if self.on_queued is not None:
@@ -151,7 +165,7 @@ class Gateway:
         log.info(
             "run admitted",
             run_id=admission.run_id,
-            tenant_id=tenant_id,
+            tenant_id=admission.tenant_id,
             prompt_tokens=len(admission.prompt_token_ids),
         )
         return Started(admission.run_id, (admitted.queued,), admitted.rate_limits)
@@ -163,14 +177,14 @@ class Gateway:
             self.attachments.run(self._cancel_abandoned), self.key_usage.run(self.db)
         )
 
-    async def _prepare(self, candidate: Candidate) -> Admission:
+    async def _prepare(self, candidate: Candidate, run_id: str) -> Admission:
         """The run to admit, its prompt tokenized by the model's tokenizer."""
         params = candidate.params
         model = self.catalog.get(params.model)
         prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
         max_tokens = params.sampling.max_tokens
         return Admission(
-            run_id=f"run_{uuid.uuid4().hex}",
+            run_id=run_id,
             tenant_id=candidate.tenant_id,
             params=params,
             prompt_token_ids=prompt_token_ids,
@@ -221,7 +235,7 @@ class Gateway:
         Raises QuotaExceeded (STREAMS_LIMITED) here, before any event, when the tenant
         holds as many streams as it may: a front can still answer with an error status."""
         limit = await self.stream_limits.get(tenant_id)
-        self.streams.check(tenant_id, limit)
+        self.streams.check(tenant_id, limit, run_id)
         return self._follow(tenant_id, limit, run_id, after_seq, until_terminal, known)
 
     async def _follow(
@@ -234,8 +248,9 @@ class Gateway:
         known: Sequence[StoredEvent],
     ) -> AsyncIterator[StoredEvent]:
         stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
-        # Counted only once iterated: a stream its front never starts holds nothing.
-        with self.streams.held(tenant_id, limit):
+        # Counted only once iterated: a stream its front never starts holds nothing but
+        # its run's reservation, which lapses.
+        with self.streams.held(tenant_id, limit, run_id):
             # `known` holds the `queued` event this replica just stored with its lease.
             async with self.attachments.attached(run_id, leased=bool(known)):
                 async for event in stream_events(

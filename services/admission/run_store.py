@@ -9,6 +9,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from services.core.auth import Principal
 from services.core.db import Database, single_statement
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.event_store import EventStore, view_from_row
@@ -22,21 +23,25 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_TOKEN = 512
 
 
-async def get_tenant_run(store: EventStore, tenant_id: str, run_id: str) -> RunView:
-    """The run, if it belongs to `tenant_id`; another tenant's run does not exist for it."""
+async def get_visible_run(store: EventStore, principal: Principal, run_id: str) -> RunView:
+    """The run, if the caller's key may see it: a run of its tenant, of a model the key may
+    generate with. Any other run does not exist for it."""
     run = await store.get_run(run_id) if is_identifier(run_id) else None
-    if run is None or run.tenant_id != tenant_id:
+    if run is None or run.tenant_id != principal.tenant_id or not principal.may_use(run.model):
         raise NotFound(f"run {shown(run_id)} not found")
     return run
 
 
 async def list_runs(
-    db: Database, tenant_id: str, page_size: int, page_token: str
+    db: Database, principal: Principal, page_size: int, page_token: str
 ) -> tuple[list[RunView], str]:
+    """The runs the caller's key may see (`get_visible_run`), newest first."""
     if page_size < 0:
         raise InvalidArgument([FieldViolation("page_size", "must not be negative")])
     size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-    query = sa.select(runs).where(runs.c.tenant_id == tenant_id)
+    query = sa.select(runs).where(runs.c.tenant_id == principal.tenant_id)
+    if principal.allowed_models:
+        query = query.where(runs.c.model.in_(sorted(principal.allowed_models)))
     if page_token:
         created_at, run_id = _decode_token(page_token)
         query = query.where(

@@ -21,6 +21,8 @@ DEFAULT_MAX_CONCURRENT_STREAMS = 64
 STREAMS_RETRY_SECONDS = 1.0
 # A quota changed by SetQuota binds new streams within this long.
 LIMIT_TTL_SECONDS = 5.0
+# A run's stream follows its admission at once; a reservation left longer was dropped.
+RESERVATION_TTL_SECONDS = 10.0
 
 
 def streams_limited(tenant_id: str, limit: int) -> QuotaExceeded:
@@ -33,27 +35,68 @@ def streams_limited(tenant_id: str, limit: int) -> QuotaExceeded:
 
 
 class StreamCounts:
-    """The streams each tenant holds open here; a limit of 0 is no limit."""
+    """The streams each tenant holds open here, and those reserved for runs being admitted;
+    a limit of 0 is no limit.
 
-    def __init__(self) -> None:
+    A run is admitted with its stream reserved, so that requests racing near the limit
+    are refused before their runs exist, not after. The stream that follows the run claims
+    the reservation; one never claimed (its front failed before streaming) lapses after
+    `reservation_ttl` seconds."""
+
+    def __init__(
+        self,
+        reservation_ttl: float = RESERVATION_TTL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.reservation_ttl = reservation_ttl
+        self.clock = clock
         self._open: Counter[str] = Counter()
+        # tenant -> run_id -> when the reservation lapses
+        self._reserved: dict[str, dict[str, float]] = {}
 
     def num_open(self, tenant_id: str) -> int:
         return self._open[tenant_id]
 
+    def num_held(self, tenant_id: str) -> int:
+        """Open streams and live reservations."""
+        reserved = self._reserved.get(tenant_id)
+        if reserved:
+            now = self.clock()
+            for run_id in [r for r, until in reserved.items() if until <= now]:
+                del reserved[run_id]
+            if not reserved:
+                del self._reserved[tenant_id]
+        return self._open[tenant_id] + len(self._reserved.get(tenant_id, ()))
+
     def is_full(self, tenant_id: str, limit: int) -> bool:
         """Whether one more stream would be too many."""
-        return bool(limit) and self._open[tenant_id] >= limit
+        return bool(limit) and self.num_held(tenant_id) >= limit
 
-    def check(self, tenant_id: str, limit: int) -> None:
-        """Raises QuotaExceeded (STREAMS_LIMITED) when one more stream would be too many."""
-        if self.is_full(tenant_id, limit):
+    def check(self, tenant_id: str, limit: int, run_id: str = "") -> None:
+        """Raises QuotaExceeded (STREAMS_LIMITED) when one more stream would be too many,
+        unless `run_id` has its stream reserved."""
+        if self.is_full(tenant_id, limit) and run_id not in self._reserved.get(tenant_id, {}):
             raise streams_limited(tenant_id, limit)
 
-    @contextlib.contextmanager
-    def held(self, tenant_id: str, limit: int) -> Iterator[None]:
-        """One stream, counted while the block runs; refused as `check` refuses."""
+    def reserve(self, tenant_id: str, limit: int, run_id: str) -> None:
+        """Holds a stream for the run about to be admitted; refused as `check` refuses."""
         self.check(tenant_id, limit)
+        self._reserved.setdefault(tenant_id, {})[run_id] = self.clock() + self.reservation_ttl
+
+    def release(self, tenant_id: str, run_id: str) -> bool:
+        """Gives up the run's reservation; whether it had one still."""
+        reserved = self._reserved.get(tenant_id, {})
+        found = reserved.pop(run_id, None) is not None
+        if not reserved:
+            self._reserved.pop(tenant_id, None)
+        return found
+
+    @contextlib.contextmanager
+    def held(self, tenant_id: str, limit: int, run_id: str = "") -> Iterator[None]:
+        """One stream, counted while the block runs: the run's reservation where it has
+        one, else a new stream, refused as `check` refuses."""
+        self.check(tenant_id, limit, run_id)
+        self.release(tenant_id, run_id)
         self._open[tenant_id] += 1
         try:
             yield

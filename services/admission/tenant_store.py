@@ -23,7 +23,7 @@ from services.admission.key_store import KeyRecord, KeyStore
 from services.core import audit
 from services.core.db import Database, single_statement
 from services.core.errors import FailedPrecondition, NotFound
-from services.core.quota_store import RATE_FIELDS
+from services.core.quota_store import RATE_FIELDS, key_subject, recount_budget, tenant_subject
 from services.core.quotas import QuotaLimits
 from services.core.schema import api_keys, key_quotas, tenants
 from services.core.validation import require_id, shown
@@ -119,7 +119,8 @@ class TenantStore:
         actor: str = audit.ADMIN_ACTOR,
     ) -> TenantRecord:
         """Replaces the tenant's limits (the rate and budget ones from `rates`);
-        `max_concurrent_streams` None is the default."""
+        `max_concurrent_streams` None is the default. A budget starts at what the tenant
+        spent in the period so far (quota_store.recount_budget)."""
         require_id("tenant", tenant_id)
         async with self.db.begin() as conn:
             locked = sa.select(tenants).where(tenants.c.tenant_id == tenant_id).with_for_update()
@@ -138,13 +139,16 @@ class TenantStore:
                 .returning(*tenants.c)
             )
             after = updated.one()._mapping
+            if rates.budget_micros:
+                await recount_budget(conn, tenant_subject(tenant_id, rates))
             await _audit(conn, "quota.set", actor, before._mapping, after)
         return await self.get(tenant_id)
 
     async def set_key_quota(
         self, tenant_id: str, key_id: str, limits: QuotaLimits, actor: str = audit.ADMIN_ACTOR
     ) -> KeyQuota:
-        """Replaces the limits of one of the tenant's keys (applied with the tenant's)."""
+        """Replaces the limits of one of the tenant's keys (applied with the tenant's); a
+        budget starts at what the key's runs spent in the period so far."""
         require_id("API key", key_id)
         async with self.db.begin() as conn:
             owner = (
@@ -154,6 +158,11 @@ class TenantStore:
             ).scalar()
             if owner is None or (tenant_id and owner != tenant_id):
                 raise NotFound(f"API key {key_id} of tenant {shown(tenant_id)} does not exist")
+            # The lock every admission of the tenant's keys takes: none reads the key's
+            # limits, or charges its budget, between the recount and the commit.
+            await conn.execute(
+                sa.select(tenants.c.tenant_id).where(tenants.c.tenant_id == owner).with_for_update()
+            )
             before = (
                 await conn.execute(
                     sa.select(key_quotas).where(key_quotas.c.key_id == key_id).with_for_update()
@@ -172,6 +181,8 @@ class TenantStore:
                     .returning(*key_quotas.c)
                 )
             ).one()
+            if limits.budget_micros:
+                await recount_budget(conn, key_subject(key_id, limits))
             await _audit(
                 conn,
                 "key_quota.set",

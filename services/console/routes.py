@@ -117,8 +117,8 @@ class Console:
         page_token: Annotated[str, Query(max_length=1024)] = "",
     ) -> dict[str, Any]:
         """The tenant's runs, newest first: ListRuns as JSON."""
-        tenant_id = await self._tenant(request)
-        page, token = await list_runs(self.gateway.db, tenant_id, page_size, page_token)
+        principal = await self._tenant(request)
+        page, token = await list_runs(self.gateway.db, principal, page_size, page_token)
         return {"runs": [run_json(run) for run in page], "next_page_token": token}
 
     async def usage(
@@ -218,11 +218,12 @@ class Console:
             failures=self.gateway.auth_failures,
         )
 
-    async def _tenant(self, request: Request) -> str:
+    async def _tenant(self, request: Request) -> Principal:
+        """A tenant's key; the admin token is refused."""
         principal = await self._principal(request)
         if principal.tenant_id is None:
             raise PermissionDenied("the tenant view needs an API key, not the admin token")
-        return principal.tenant_id
+        return principal
 
     async def _operator(self, request: Request) -> None:
         if not (await self._principal(request)).is_admin:

@@ -143,6 +143,33 @@ async def _checked(
 ) -> Principal:
     if failures is None:
         return await _authenticate(db, metadata, admin_token, allow_admin)
+    _refuse_if_failing(failures, peer)
+    try:
+        return await _authenticate(db, metadata, admin_token, allow_admin)
+    except Unauthenticated:
+        failures.failed(peer)
+        raise
+
+
+def require_admin(
+    metadata: Sequence[tuple[str, str | bytes]] | None,
+    admin_token: str,
+    *,
+    peer: str,
+    failures: FailedAttempts,
+) -> None:
+    """Raises Unauthenticated unless `authorization` carries the admin token; each miss
+    counts against `peer` as a failed key does, so the token is no easier to guess."""
+    if not admin_token:
+        raise Unauthenticated("the admin API is disabled: TOLLGATE_ADMIN_TOKEN is not set")
+    _refuse_if_failing(failures, peer)
+    token = bearer_token(metadata)
+    if token is None or not is_admin_token(token, admin_token):
+        failures.failed(peer)
+        raise Unauthenticated("missing or wrong admin token")
+
+
+def _refuse_if_failing(failures: FailedAttempts, peer: str) -> None:
     wait = failures.retry_after(peer)
     if wait:
         raise QuotaExceeded(
@@ -151,11 +178,6 @@ async def _checked(
             retry_after=wait,
             reason="RATE_LIMITED",
         )
-    try:
-        return await _authenticate(db, metadata, admin_token, allow_admin)
-    except Unauthenticated:
-        failures.failed(peer)
-        raise
 
 
 async def _authenticate(

@@ -2,7 +2,8 @@
 
 Admission reads them under the tenant's row lock (`lock=True`), which every admission of
 the tenant takes, so the usage it reads is exact until it commits; GetUsage reads them
-without the lock.
+without the lock. SetQuota, under the same lock, starts a budget at what its period
+already spent (`recount_budget`).
 """
 
 from __future__ import annotations
@@ -110,11 +111,19 @@ class Subject:
     count_held: bool
 
 
+def tenant_subject(tenant_id: str, limits: QuotaLimits) -> Subject:
+    return Subject(f"tenant:{tenant_id}", "tenant_id", tenant_id, limits, True)
+
+
+def key_subject(key_id: str, limits: QuotaLimits) -> Subject:
+    held = bool(limits.max_concurrent_runs or limits.max_kv_blocks)
+    return Subject(f"key:{key_id}", "key_id", key_id, limits, held)
+
+
 def subjects(tenant_id: str, key_id: str, limits: TenantLimits) -> list[Subject]:
-    found = [Subject(f"tenant:{tenant_id}", "tenant_id", tenant_id, limits.tenant, True)]
+    found = [tenant_subject(tenant_id, limits.tenant)]
     if limits.key is not None and key_id:
-        held = bool(limits.key.max_concurrent_runs or limits.key.max_kv_blocks)
-        found.append(Subject(f"key:{key_id}", "key_id", key_id, limits.key, held))
+        found.append(key_subject(key_id, limits.key))
     return found
 
 
@@ -184,3 +193,65 @@ async def window_entries(conn: AsyncConnection, subject: Subject, now: float) ->
         WindowEntry(row["reserved_at"].timestamp(), row["input_tokens"], row["output_tokens"])
         for row in rows
     ]
+
+
+# The rows of the subject's runs in flight admitted in the period. Billing locks a run's
+# row before it settles the run's reservation, so holding them keeps every bill of these
+# runs wholly before the recount (which then reads it) or wholly after (which then reads
+# the stamp and the row the recount wrote).
+_LOCK_IN_FLIGHT = """
+    SELECT runs.run_id FROM kv_reservations r JOIN runs ON runs.run_id = r.run_id
+    WHERE r.{column} = %(id)s AND r.reserved_at >= %(start)s AND r.released_at IS NULL
+    ORDER BY runs.run_id
+    FOR UPDATE OF runs
+"""
+
+# The period's spend as admission and billing keep it: each run admitted in the period
+# at its billed amount (the ledger's entries) once billed, at its worst case while in
+# flight. The runs in flight are stamped with the period, so billing settles this row.
+_RECOUNT = """
+    WITH in_flight AS (
+        UPDATE kv_reservations SET {column_start} = %(start)s
+        WHERE {column} = %(id)s AND reserved_at >= %(start)s AND released_at IS NULL
+        RETURNING spend_micros
+    ), billed AS (
+        SELECT e.amount_micros
+        FROM kv_reservations r JOIN ledger_entries e ON e.run_id = r.run_id
+        WHERE r.{column} = %(id)s AND r.reserved_at >= %(start)s AND r.released_at IS NOT NULL
+    )
+    INSERT INTO budget_spend (subject, period_start, spent_micros)
+    VALUES (%(subject)s, %(start)s,
+            (SELECT coalesce(sum(spend_micros), 0) FROM in_flight)
+            + (SELECT coalesce(sum(amount_micros), 0) FROM billed))
+    ON CONFLICT (subject, period_start) DO UPDATE SET spent_micros = excluded.spent_micros
+    RETURNING spent_micros
+"""
+
+
+async def recount_budget(conn: AsyncConnection, subject: Subject) -> int:
+    """Sets the subject's spend in its current budget period to what its runs admitted
+    in the period cost so far, and charges its runs in flight to that period; returns
+    the spend. For SetQuota, in its transaction and under the tenant's row lock, so that
+    a budget set (or moved to another period) partway through counts what came before.
+
+    A run admitted before the period stays charged to the period it was admitted in.
+    """
+    params: dict[str, Any] = {
+        "id": subject.id,
+        "subject": subject.subject,
+        "period": subject.limits.budget_period,
+    }
+    column = subject.column
+    column_start = column.removesuffix("_id") + "_budget_start"
+    async with driver_cursor(conn) as cursor:
+        await cursor.execute(
+            "SELECT date_trunc(%(period)s, clock_timestamp(), 'UTC') AS start", params
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        params["start"] = row["start"]
+        await cursor.execute(_LOCK_IN_FLIGHT.format(column=column), params)
+        await cursor.execute(_RECOUNT.format(column=column, column_start=column_start), params)
+        spent = await cursor.fetchone()
+    assert spent is not None
+    return int(spent["spent_micros"])

@@ -7,7 +7,9 @@ the window ending now, plus the run, stays within each limit; nothing is approxi
 at the window's edge, as a fixed window (twice the limit across a minute boundary) or
 a two-bucket estimate would. Budgets count a period's spend (day or month, UTC
 calendar): the worst case of each run in flight plus the billed amount of each run that
-ended, charged to the period the run was admitted in.
+ended, charged to the period the run was admitted in, whether or not the budget existed
+then (a budget set partway through a period starts at what the period spent so far:
+quota_store.recount_budget).
 """
 
 from __future__ import annotations

@@ -45,10 +45,16 @@ class TokenBucket:
 
 
 def peer_host(peer: str) -> str:
-    """`ipv4:10.0.0.1` of gRPC's `ipv4:10.0.0.1:52114`: a client's connections share a
-    bucket whatever their ports."""
-    host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() and host else peer
+    """The host of a transport peer: `10.0.0.1` of gRPC's `ipv4:10.0.0.1:52114`, `::1` of
+    `ipv6:[::1]:52114`, and an HTTP client's address as it is. A client's connections share
+    a bucket whatever their ports, and whichever front door they came through."""
+    family, sep, rest = peer.partition(":")
+    if not sep or family not in ("ipv4", "ipv6"):
+        return peer
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        return rest
+    return host.removeprefix("[").removesuffix("]")
 
 
 class FailedAttempts:

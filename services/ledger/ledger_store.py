@@ -122,9 +122,12 @@ async def write_bill(
     return held, int(rows[0]["num_released"])
 
 
+def _ago(seconds: float) -> sa.ColumnElement[datetime]:
+    return sa.func.now() - sa.literal_column("interval '1 second'") * float(seconds)
+
+
 def _overdue(grace_seconds: float) -> sa.ColumnElement[bool]:
-    cutoff = sa.func.now() - sa.literal_column("interval '1 second'") * float(grace_seconds)
-    return sa.and_(runs.c.state.in_(_TERMINAL), runs.c.updated_at < cutoff)
+    return sa.and_(runs.c.state.in_(_TERMINAL), runs.c.updated_at < _ago(grace_seconds))
 
 
 async def overdue_run_ids(
@@ -132,11 +135,15 @@ async def overdue_run_ids(
     grace_seconds: float,
     tenant_id: str | None = None,
     limit: int = MAX_REPORTED_RUNS,
+    created_since_seconds: float | None = None,
 ) -> list[str]:
-    """Terminal runs left unbilled for longer than the grace period, oldest first."""
+    """Terminal runs left unbilled for longer than the grace period, oldest first; of
+    one tenant, and created in the last `created_since_seconds`, when given."""
     query = sa.select(runs.c.run_id).where(_overdue(grace_seconds))
     if tenant_id is not None:
         query = query.where(runs.c.tenant_id == tenant_id)
+    if created_since_seconds is not None:
+        query = query.where(runs.c.created_at >= _ago(created_since_seconds))
     query = query.order_by(runs.c.updated_at, runs.c.run_id).limit(limit)
     return list((await conn.scalars(query)).all())
 

@@ -15,6 +15,12 @@ One place for the queries behind `LedgerService.GetReconciliation` and
 Whether workers' pools are free when idle is not in the database (workers keep their
 pools in memory and report them to the scheduler only), so it is not checked here.
 Every list holds at most MAX_REPORTED_RUNS ids, oldest or smallest first.
+
+Every query starts from the runs in scope (`runs` by tenant and creation time, through
+its tenant indexes) and reads only their events, entries and reservations (by run id,
+through the tables' run indexes): a tenant's check costs what its runs cost, never a
+pass over every tenant's events. A tenant's own call (GetReconciliation with its key)
+covers its runs of the last TENANT_WINDOW_SECONDS; the operator's covers everything.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ _ENDED = sorted(str(state) for state in ENDED_STATES)
 _BILLED = str(RunState.BILLED)
 # A run not ended this long after its creation is stuck, unless told otherwise.
 DEFAULT_STUCK_AFTER_SECONDS = 600.0
+# How far back a tenant's own GetReconciliation looks: its runs created in the last week.
+TENANT_WINDOW_SECONDS = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +88,7 @@ async def check(
         scoped = _scoped(scope)
         return InvariantReport(
             unbilled_run_ids=await _unbilled(conn, scope, unbilled_grace),
-            unreleased_run_ids=await _ids(conn, _unreleased(scoped)),
+            unreleased_run_ids=await _ids(conn, _unreleased(scoped, scope.tenant_id)),
             mismatched_run_ids=await _ids(conn, _mismatched(scoped)),
             misended_run_ids=await _ids(conn, _misended(scoped)),
             seq_gap_run_ids=await _ids(conn, _seq_gaps(scoped)),
@@ -95,7 +103,8 @@ def _ago(seconds: float) -> sa.ColumnElement[datetime]:
 
 
 def _scoped(scope: Scope) -> sa.Subquery:
-    query = sa.select(runs.c.run_id)
+    """The runs in scope, with what the checks read of them: the one pass over `runs`."""
+    query = sa.select(runs.c.run_id, runs.c.state, runs.c.last_seq, runs.c.created_at)
     if scope.tenant_id is not None:
         query = query.where(runs.c.tenant_id == scope.tenant_id)
     if scope.since_seconds is not None:
@@ -111,27 +120,25 @@ async def _ids(conn: AsyncConnection, query: sa.Select[tuple[str]]) -> list[str]
 
 async def _unbilled(conn: AsyncConnection, scope: Scope, grace: float) -> list[str]:
     # The sweep's own query, so the report and the sweep agree on what is overdue.
-    overdue = await overdue_run_ids(conn, grace, scope.tenant_id)
-    if scope.since_seconds is None:
-        return overdue
-    recent = set((await conn.scalars(sa.select(_scoped(scope).c.run_id))).all())
-    return [run_id for run_id in overdue if run_id in recent]
+    return await overdue_run_ids(
+        conn, grace, scope.tenant_id, created_since_seconds=scope.since_seconds
+    )
 
 
 def _in(scoped: sa.Subquery, column: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
     return column.in_(sa.select(scoped.c.run_id))
 
 
-def _unreleased(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
-    return (
-        sa.select(runs.c.run_id)
-        .join(kv_reservations, kv_reservations.c.run_id == runs.c.run_id)
-        .where(
-            _in(scoped, runs.c.run_id),
-            runs.c.state == _BILLED,
-            kv_reservations.c.released_at.is_(None),
-        )
+def _unreleased(scoped: sa.Subquery, tenant_id: str | None) -> sa.Select[tuple[str]]:
+    query = (
+        sa.select(scoped.c.run_id)
+        .join(kv_reservations, kv_reservations.c.run_id == scoped.c.run_id)
+        .where(scoped.c.state == _BILLED, kv_reservations.c.released_at.is_(None))
     )
+    if tenant_id is not None:
+        # The tenant's held reservations (index kv_reservations_open), not every tenant's.
+        query = query.where(kv_reservations.c.tenant_id == tenant_id)
+    return query
 
 
 def _mismatched(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
@@ -141,20 +148,20 @@ def _mismatched(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
             sa.func.count().label("num_entries"),
             sa.func.sum(ledger_entries.c.amount_micros).label("amount_micros"),
         )
+        .where(_in(scoped, ledger_entries.c.run_id))
         .group_by(ledger_entries.c.run_id)
         .subquery()
     )
     billed_amount = sa.cast(run_events.c.payload["amount_micros"].astext, sa.BigInteger)
     return (
-        sa.select(runs.c.run_id)
+        sa.select(scoped.c.run_id)
         .join(
             run_events,
-            sa.and_(run_events.c.run_id == runs.c.run_id, run_events.c.kind == _BILLED),
+            sa.and_(run_events.c.run_id == scoped.c.run_id, run_events.c.kind == _BILLED),
         )
-        .outerjoin(totals, totals.c.run_id == runs.c.run_id)
+        .outerjoin(totals, totals.c.run_id == scoped.c.run_id)
         .where(
-            _in(scoped, runs.c.run_id),
-            runs.c.state == _BILLED,
+            scoped.c.state == _BILLED,
             sa.or_(
                 sa.func.coalesce(totals.c.num_entries, 0) != len(BILLING_TYPES),
                 sa.func.coalesce(totals.c.amount_micros, 0) != sa.func.coalesce(billed_amount, 0),
@@ -194,28 +201,31 @@ def _seq_gaps(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
             sa.func.min(run_events.c.seq).label("first_seq"),
             sa.func.max(run_events.c.seq).label("last_seq"),
         )
+        .where(_in(scoped, run_events.c.run_id))
         .group_by(run_events.c.run_id)
         .subquery()
     )
     return (
-        sa.select(runs.c.run_id)
-        .outerjoin(numbered, numbered.c.run_id == runs.c.run_id)
+        sa.select(scoped.c.run_id)
+        .outerjoin(numbered, numbered.c.run_id == scoped.c.run_id)
         .where(
-            _in(scoped, runs.c.run_id),
             sa.or_(
                 numbered.c.num_events.is_(None),
                 numbered.c.first_seq != 1,
                 numbered.c.last_seq != numbered.c.num_events,
-                numbered.c.last_seq != runs.c.last_seq,
+                numbered.c.last_seq != scoped.c.last_seq,
             ),
         )
     )
 
 
 def _double_billed(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
+    # A run's idempotency key is its tenant's alone (runs_tenant_idempotency_key), so the
+    # entries of one key are those of the run holding it.
     key = (ledger_entries.c.tenant_id, ledger_entries.c.idempotency_key)
     repeated = (
         sa.select(*key, ledger_entries.c.billing_type)
+        .where(_in(scoped, ledger_entries.c.run_id))
         .group_by(*key, ledger_entries.c.billing_type)
         .having(sa.func.count() > 1)
         .subquery()
@@ -250,7 +260,7 @@ def _token_mismatch(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
             run_events.c.run_id,
             sa.func.sum(streamed_tokens(run_events.c.payload)).label("num_tokens"),
         )
-        .where(run_events.c.kind == str(RunState.STREAMING))
+        .where(run_events.c.kind == str(RunState.STREAMING), _in(scoped, run_events.c.run_id))
         .group_by(run_events.c.run_id)
         .subquery()
     )
@@ -266,8 +276,6 @@ def _token_mismatch(scoped: sa.Subquery) -> sa.Select[tuple[str]]:
 
 
 def _stuck(scoped: sa.Subquery, stuck_after: float) -> sa.Select[tuple[str]]:
-    return sa.select(runs.c.run_id).where(
-        _in(scoped, runs.c.run_id),
-        runs.c.state.not_in(_ENDED),
-        runs.c.created_at < _ago(stuck_after),
+    return sa.select(scoped.c.run_id).where(
+        scoped.c.state.not_in(_ENDED), scoped.c.created_at < _ago(stuck_after)
     )

@@ -30,6 +30,8 @@ from services.worker.telemetry import run_finished
 
 log = structlog.get_logger(__name__)
 
+APPEND_FAILED = "the run's events could not be stored"
+
 Step = Sequence[tuple[RequestOutput, AssignedRun | None]]
 
 
@@ -136,7 +138,9 @@ class StepAppender:
             except Exception as error:
                 log.exception("step append failed for good", error=repr(error))
                 failing = {o.request_id for o in outputs} | set(self._starts)
-                await self.fail_runs(failing, repr(error))
+                # The batch spans several tenants' runs and the error's text may hold SQL
+                # and their values: it stays in this log.
+                await self.fail_runs(failing, APPEND_FAILED)
                 return
 
     async def flush(self) -> None:

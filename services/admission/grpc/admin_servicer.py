@@ -15,15 +15,19 @@ from services.admission.grpc.messages import (
 )
 from services.admission.key_store import KeyStore
 from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS, TenantStore
-from services.core.auth import bearer_token, is_admin_token
+from services.core.auth import require_admin
 from services.core.db import Database
-from services.core.errors import FieldViolation, InvalidArgument, Unauthenticated
+from services.core.errors import FieldViolation, InvalidArgument
 from services.core.grpc_errors import rpc_errors
+from services.core.ratelimit import FailedAttempts
 from services.core.validation import text_violation
 from tollgate.v1 import admin_pb2, admin_pb2_grpc
 
 # Names are unique through an index, whose rows PostgreSQL keeps to under 2,700 bytes.
 MAX_TENANT_NAME = 200
+# A tenant's share of the fair queue against a weight-1 tenant's; past this, one tenant
+# would be served almost alone.
+MAX_TENANT_WEIGHT = 1000
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -32,17 +36,22 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         db: Database,
         admin_token: str,
         default_max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS,
+        failures: FailedAttempts | None = None,
     ) -> None:
+        """`failures` counts wrong admin tokens per peer: share the gateway's, so that a
+        peer guessing at either front door is held back at both."""
         self.tenants = TenantStore(db, default_max_concurrent_runs)
         self.keys = KeyStore(db)
         self.admin_token = admin_token
+        self.failures = failures or FailedAttempts()
 
     def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
-        token = bearer_token(context.invocation_metadata())
-        if not self.admin_token:
-            raise Unauthenticated("the admin API is disabled: TOLLGATE_ADMIN_TOKEN is not set")
-        if token is None or not is_admin_token(token, self.admin_token):
-            raise Unauthenticated("missing or wrong admin token")
+        require_admin(
+            context.invocation_metadata(),
+            self.admin_token,
+            peer=context.peer(),
+            failures=self.failures,
+        )
 
     @rpc_errors
     async def CreateTenant(
@@ -55,8 +64,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             violations.append(FieldViolation("name", "must not be empty"))
         elif (bad_name := text_violation("name", name, MAX_TENANT_NAME)) is not None:
             violations.append(bad_name)
-        if request.weight < 0:
-            violations.append(FieldViolation("weight", "must be positive (0 means the default, 1)"))
+        if not 0 <= request.weight <= MAX_TENANT_WEIGHT:
+            violations.append(
+                FieldViolation(
+                    "weight", f"must be 1 to {MAX_TENANT_WEIGHT} (0 means the default, 1)"
+                )
+            )
         if violations:
             raise InvalidArgument(violations)
         return tenant_to_proto(await self.tenants.create(name, request.weight or 1))

@@ -9,7 +9,7 @@ import grpc
 
 from services.admission.gateway import Gateway
 from services.admission.grpc.messages import model_to_proto, params_from_proto, run_to_proto
-from services.admission.run_store import get_tenant_run, list_runs
+from services.admission.run_store import get_visible_run, list_runs
 from services.core.auth import Principal, require_model
 from services.core.codec import to_proto
 from services.core.errors import InvalidArgument
@@ -25,11 +25,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
         return await self.gateway.principal(context.invocation_metadata() or (), context.peer())
-
-    async def _tenant(self, context: grpc.aio.ServicerContext) -> str:
-        tenant_id = (await self._principal(context)).tenant_id
-        assert tenant_id is not None
-        return tenant_id
 
     @rpc_errors
     async def Generate(
@@ -54,14 +49,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def StreamRun(
         self, request: gateway_pb2.StreamRunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[events_pb2.RunEvent]:
-        tenant_id = await self._tenant(context)
+        principal = await self._principal(context)
         too_far = seq_violation("starting_after", request.starting_after)
         if too_far is not None:
             raise InvalidArgument([too_far])
-        run = await get_tenant_run(self.gateway.store, tenant_id, request.run_id)
-        with bound_log_context(run_id=run.run_id, tenant_id=tenant_id):
+        run = await get_visible_run(self.gateway.store, principal, request.run_id)
+        with bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
             events = await self.gateway.follow(
-                tenant_id, run.run_id, request.starting_after, request.until_terminal
+                run.tenant_id, run.run_id, request.starting_after, request.until_terminal
             )
             async for event in events:
                 yield to_proto(event)
@@ -70,24 +65,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     async def CancelRun(
         self, request: gateway_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
     ) -> events_pb2.Run:
-        tenant_id = await self._tenant(context)
-        run = await get_tenant_run(self.gateway.store, tenant_id, request.run_id)
+        principal = await self._principal(context)
+        run = await get_visible_run(self.gateway.store, principal, request.run_id)
         return run_to_proto(await self.gateway.canceller.cancel(run, "cancelled by client"))
 
     @rpc_errors
     async def GetRun(
         self, request: gateway_pb2.GetRunRequest, context: grpc.aio.ServicerContext
     ) -> events_pb2.Run:
-        tenant_id = await self._tenant(context)
-        return run_to_proto(await get_tenant_run(self.gateway.store, tenant_id, request.run_id))
+        principal = await self._principal(context)
+        return run_to_proto(await get_visible_run(self.gateway.store, principal, request.run_id))
 
     @rpc_errors
     async def ListRuns(
         self, request: gateway_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.ListRunsResponse:
-        tenant_id = await self._tenant(context)
+        principal = await self._principal(context)
         page, token = await list_runs(
-            self.gateway.db, tenant_id, request.page_size, request.page_token
+            self.gateway.db, principal, request.page_size, request.page_token
         )
         return gateway_pb2.ListRunsResponse(
             runs=[run_to_proto(r) for r in page], next_page_token=token

@@ -34,7 +34,7 @@ from services.admission.http.responses import (
     sse_frame,
 )
 from services.admission.requests import GenerateParams, Limits
-from services.admission.run_store import get_tenant_run
+from services.admission.run_store import get_visible_run
 from services.core.auth import Principal, require_model
 from services.core.errors import (
     ApiError,
@@ -129,8 +129,8 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> JSONResponse:
-        tenant_id = await self._tenant(request)
-        run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
+        principal = await self._principal(request)
+        run = await get_visible_run(self.gateway.store, principal, run_id)
         return JSONResponse(run_json(run), headers={"x-request-id": run.run_id})
 
     async def cancel_run(
@@ -139,8 +139,8 @@ class HttpApi:
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> JSONResponse:
-        tenant_id = await self._tenant(request)
-        run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
+        principal = await self._principal(request)
+        run = await get_visible_run(self.gateway.store, principal, run_id)
         cancelled = await self.gateway.canceller.cancel(run, "cancelled by client")
         return JSONResponse(run_json(cancelled), headers={"x-request-id": run.run_id})
 
@@ -153,10 +153,10 @@ class HttpApi:
         last_event_id: Annotated[str | None, Header(description="an SSE id seen last")] = None,
     ) -> StreamingResponse:
         """The run's events after `Last-Event-ID` (else `starting_after`), until `billed`."""
-        tenant_id = await self._tenant(request)
+        principal = await self._principal(request)
         after = _resume_point(last_event_id, starting_after)
-        run = await get_tenant_run(self.gateway.store, tenant_id, run_id)
-        events = await self.gateway.follow(tenant_id, run.run_id, after, until_terminal=False)
+        run = await get_visible_run(self.gateway.store, principal, run_id)
+        events = await self.gateway.follow(run.tenant_id, run.run_id, after, until_terminal=False)
         frames = (sse_frame(event_json(e), e.seq) async for e in events)
         return _sse(frames, run.run_id)
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import grpc
 from google.protobuf import duration_pb2
 
-from services.core.runs import RunState
+from services.admission.attachment_store import Attachments, attach_in
+from services.core.runs import NewEvent, NewRun, RunState
 from tests.services.admission.running import MODEL, Admission, auth, running_admission
 from tollgate.v1 import events_pb2, gateway_pb2
 
 GRACE = duration_pb2.Duration(nanos=400_000_000)
+LEASE = 0.6
 
 
 def generate(grace: duration_pb2.Duration = GRACE) -> events_pb2.GenerateRequest:
@@ -80,3 +82,36 @@ async def test_a_stream_that_outlives_the_lease_keeps_the_run(
             await call.read()
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
+
+
+async def test_a_slow_cancel_never_holds_back_the_renewal_of_a_live_stream(
+    admission: Admission,
+) -> None:
+    db, store = admission.db, admission.store
+    for run_id in ("run_stuck", "run_live"):
+        await store.append(run_id, 0, [NewEvent(RunState.QUEUED)], new_run=NewRun("t1", MODEL))
+    async with db.begin() as conn:
+        # A replica that died holding `run_stuck`: abandoned at once.
+        await attach_in(conn, "run_stuck", "gone", grace=0.0, lease=0.0)
+        await attach_in(conn, "run_live", "A", grace=0.1, lease=LEASE)
+    here = Attachments(db, "A", lease=LEASE, renew_interval=0.2, sweep_interval=0.1)
+    elsewhere = Attachments(db, "B", lease=LEASE, renew_interval=0.2, sweep_interval=0.1)
+    abandoned_elsewhere: list[str] = []
+
+    async def cancel_for_ever(run_id: str) -> None:
+        await asyncio.Event().wait()  # a cancel that never returns
+
+    async def noted(run_id: str) -> None:
+        abandoned_elsewhere.append(run_id)
+
+    async with here.attached("run_live", leased=True):
+        tasks = [
+            asyncio.create_task(here.run(cancel_for_ever)),
+            asyncio.create_task(elsewhere.run(noted)),
+        ]
+        await asyncio.sleep(5 * LEASE)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert "run_stuck" in abandoned_elsewhere
+    assert "run_live" not in abandoned_elsewhere

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 from google.protobuf import duration_pb2
 
@@ -14,6 +15,8 @@ from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
+from services.admission.grpc.admin_servicer import MAX_TENANT_WEIGHT
+from services.admission.http.app import create_app
 from services.admission.requests import GenerateParams, Limits, Sampling
 from services.admission.stream import RunFeed
 from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
@@ -64,6 +67,28 @@ async def test_streams_past_the_tenants_quota_are_refused(admission: Admission) 
     held.cancel()
     assert (await read_first_when_room(admission, key, again)).seq == 1
     generate.cancel()
+
+
+async def test_requests_racing_past_the_stream_quota_start_no_runs_they_refuse(
+    admission: Admission,
+) -> None:
+    tenant_id, key = await admission.new_tenant_key("racing-streams")
+    await set_stream_quota(admission, tenant_id, 2)
+    calls = [
+        admission.gateway.Generate(
+            request(prompt=f"race {i}", disconnect_grace=GRACE), metadata=auth(key)
+        )
+        for i in range(8)
+    ]
+    outcomes = await asyncio.gather(*(call.read() for call in calls), return_exceptions=True)
+    streamed = [o.run_id for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert len(streamed) == 2 and len(refused) == 6
+    assert all(details(r)["ErrorInfo"].reason == "STREAMS_LIMITED" for r in refused)
+    # A refusal means no run exists: every run has the client that streams it.
+    assert await count_runs(admission) == 2
+    for call in calls:
+        call.cancel()
 
 
 async def read_first_when_room(
@@ -253,3 +278,42 @@ async def test_an_overloaded_fleet_refuses_batch_runs_first(
     assert (await gateway.start(tenant, batch_params("batch-1"))).stored
     assert await count_runs(admission) == 2
     await gateway.aclose()
+
+
+async def test_guessing_the_admin_token_holds_the_peer_back_at_both_front_doors(
+    admission: Admission,
+) -> None:
+    _, key = await admission.new_tenant_key("guessed-next-door")
+    for _ in range(FAILURE_BURST):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await admission.admin.ListTenants(
+                admin_pb2.ListTenantsRequest(), metadata=auth("not-the-admin-token")
+            )
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await admission.admin.ListTenants(
+            admin_pb2.ListTenantsRequest(), metadata=auth(ADMIN_TOKEN)
+        )
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert details(caught.value)["ErrorInfo"].reason == "RATE_LIMITED"
+    # The HTTP door counts the same address in the same bucket, whatever its transport.
+    transport = httpx2.ASGITransport(app=create_app(admission.core), client=("127.0.0.1", 1))
+    async with httpx2.AsyncClient(transport=transport, base_url="http://admission") as http:
+        answer = await http.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+    assert answer.status_code == 429 and "retry-after" in answer.headers
+
+
+async def test_a_tenant_weight_past_the_bound_is_refused(admission: Admission) -> None:
+    for weight in (MAX_TENANT_WEIGHT + 1, 2**31 - 1, -1):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await admission.admin.CreateTenant(
+                admin_pb2.CreateTenantRequest(name=f"heavy{weight}", weight=weight),
+                metadata=auth(ADMIN_TOKEN),
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "weight" in (caught.value.details() or "")
+    tenant = await admission.admin.CreateTenant(
+        admin_pb2.CreateTenantRequest(name="heaviest", weight=MAX_TENANT_WEIGHT),
+        metadata=auth(ADMIN_TOKEN),
+    )
+    assert tenant.weight == MAX_TENANT_WEIGHT

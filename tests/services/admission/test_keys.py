@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
+import httpx2
 import pytest
 import sqlalchemy as sa
 from google.protobuf import duration_pb2
@@ -15,7 +16,7 @@ from services.admission.http.app import create_app
 from services.admission.http.server import HttpServer
 from tests.services.admission.calls import first_event, request, secret_part
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
-from tollgate.v1 import admin_pb2, gateway_pb2
+from tollgate.v1 import admin_pb2, events_pb2, gateway_pb2
 
 ADMIN = auth(ADMIN_TOKEN)
 
@@ -228,3 +229,36 @@ def _call(url: str, key: str, method: str, path: str, body: str | None) -> tuple
     conn.request(method, path, body=body, headers=headers)
     response = conn.getresponse()
     return response.status, json.loads(response.read())
+
+
+async def test_a_key_sees_only_the_runs_of_models_it_may_run(admission: Admission) -> None:
+    tenant_id = await new_tenant(admission, "scoped-reads")
+    everything = await create_key(admission, tenant_id)
+    elsewhere = await create_key(admission, tenant_id, allowed_models=["another-model"])
+    run_id = (await first_event(admission, everything.secret, request())).run_id
+    hidden = auth(elsewhere.secret)
+    for call in (
+        admission.gateway.GetRun(gateway_pb2.GetRunRequest(run_id=run_id), metadata=hidden),
+        admission.gateway.CancelRun(gateway_pb2.CancelRunRequest(run_id=run_id), metadata=hidden),
+        admission.gateway.StreamRun(
+            gateway_pb2.StreamRunRequest(run_id=run_id), metadata=hidden
+        ).read(),
+    ):
+        assert (await refusal(call)).code() == grpc.StatusCode.NOT_FOUND
+    assert [r.run_id for r in (await list_runs_with(admission, elsewhere.secret)).runs] == []
+    assert [r.run_id for r in (await list_runs_with(admission, everything.secret)).runs] == [run_id]
+    transport = httpx2.ASGITransport(app=create_app(admission.core))
+    async with httpx2.AsyncClient(transport=transport, base_url="http://admission") as http:
+        for method, path in (
+            ("GET", f"/v1/runs/{run_id}"),
+            ("POST", f"/v1/runs/{run_id}/cancel"),
+            ("GET", f"/v1/runs/{run_id}/events"),
+        ):
+            answer = await http.request(
+                method, path, headers={"authorization": f"Bearer {elsewhere.secret}"}
+            )
+            assert answer.status_code == 404, (method, path)
+    run = await admission.gateway.GetRun(
+        gateway_pb2.GetRunRequest(run_id=run_id), metadata=auth(everything.secret)
+    )
+    assert run.state != events_pb2.RUN_STATE_CANCELLED

@@ -9,7 +9,9 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
+from services.core.config import CommonSettings
 from services.core.pricing import PriceTable
+from services.ledger.app import LedgerSettings, create_ledger_server
 from services.ledger.billing import bill_run
 from tests.services.admission.calls import details, request, violations
 from tests.services.admission.running import (
@@ -22,7 +24,7 @@ from tests.services.admission.running import (
 from tests.services.admission.worker_double import complete_run
 from tollgate.aio import AsyncClient
 from tollgate.errors import QuotaExceededError
-from tollgate.v1 import admin_pb2
+from tollgate.v1 import admin_pb2, ledger_pb2, ledger_pb2_grpc
 
 ADMIN = auth(ADMIN_TOKEN)
 
@@ -226,3 +228,115 @@ async def test_the_sdk_reads_rate_limits_and_refusals(admission: Admission) -> N
                 await anext(aiter(again))
     assert refused.value.reason == "RATE_LIMITED"
     assert refused.value.retry_after is not None and 59 < refused.value.retry_after <= 60
+
+
+@pytest.fixture
+async def ledger(admission: Admission) -> AsyncIterator[ledger_pb2_grpc.LedgerServiceStub]:
+    """The ledger's LedgerService on the admission's database (GetUsage's budget view)."""
+    settings = LedgerSettings(
+        common=CommonSettings("unused", "unused:0", "unused", "127.0.0.1:0"),
+        admin_token=ADMIN_TOKEN,
+        prices=PriceTable(),
+        sweep_interval=5,
+        sweep_grace=10,
+    )
+    server, port, _ = create_ledger_server(admission.db, settings)
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield ledger_pb2_grpc.LedgerServiceStub(channel)
+    await server.stop(None)
+
+
+async def budget_used(ledger: ledger_pb2_grpc.LedgerServiceStub, key: str, subject: str) -> int:
+    """What GetUsage says `subject` spent of its budget this period."""
+    answer = await ledger.GetUsage(ledger_pb2.GetUsageRequest(), metadata=auth(key))
+    [budget] = [x for x in answer.limits if x.name == "budget_micros" and x.subject == subject]
+    return int(budget.used)
+
+
+async def reserved_spend(admission: Admission, run_id: str) -> int:
+    async with admission.db.connect() as conn:
+        query = sa.text("SELECT spend_micros FROM kv_reservations WHERE run_id = :r")
+        return int(await conn.scalar(query, {"r": run_id}) or 0)
+
+
+async def bill(admission: Admission, run_id: str, num_tokens: int = 8) -> int:
+    """Plays the worker (`num_tokens` output tokens) and the ledger; the billed amount.
+    At `request()`'s 8 tokens and no cached prompt, that is the run's worst case."""
+    await complete_run(admission.store, run_id, list(range(num_tokens)), ["a"] * num_tokens)
+    async with admission.db.begin() as conn:
+        billed = await bill_run(conn, run_id, PriceTable())
+    assert billed is not None
+    return billed.amount_micros
+
+
+def budget_exceeded(outcome: object, subject: str) -> bool:
+    if not isinstance(outcome, grpc.aio.AioRpcError):
+        return False
+    found = details(outcome)
+    return (
+        found["ErrorInfo"].reason == "BUDGET_EXCEEDED"
+        and found["QuotaFailure"].violations[0].subject == subject
+    )
+
+
+async def test_a_budget_set_partway_through_a_day_counts_what_the_day_spent(
+    admission: Admission, ledger: ledger_pb2_grpc.LedgerServiceStub
+) -> None:
+    tenant_id, key = await admission.new_tenant_key("late-budget")
+    first, _ = await generate(admission, key)  # type: ignore[misc]
+    amount = await bill(admission, first)
+    await set_quota(
+        admission, tenant_id=tenant_id, budget_micros=amount * 5 // 2, budget_period="day"
+    )
+    second, _ = await generate(admission, key)  # type: ignore[misc]
+    assert await reserved_spend(admission, second) == amount
+    # Spent A, A in flight, a budget of 2.5 A: one more run of A does not fit.
+    assert budget_exceeded(await generate(admission, key), f"tenant:{tenant_id}")
+    assert await budget_used(ledger, key, f"tenant:{tenant_id}") == 2 * amount
+
+
+@pytest.mark.parametrize("before", ["none", "month"])
+async def test_a_run_in_flight_when_a_budget_is_set_counts_and_is_settled_to_its_bill(
+    admission: Admission, ledger: ledger_pb2_grpc.LedgerServiceStub, before: str
+) -> None:
+    tenant_id, key = await admission.new_tenant_key(f"in-flight-{before}")
+    subject = f"tenant:{tenant_id}"
+    if before == "month":
+        await set_quota(admission, tenant_id=tenant_id, budget_micros=10**9)
+    in_flight, _ = await generate(admission, key)  # type: ignore[misc]
+    worst = await reserved_spend(admission, in_flight)
+    await set_quota(
+        admission, tenant_id=tenant_id, budget_micros=worst * 5 // 2, budget_period="day"
+    )
+    assert await budget_used(ledger, key, subject) == worst
+    assert isinstance(await generate(admission, key), tuple)
+    assert budget_exceeded(await generate(admission, key), subject)
+    # Billed at one output token: the day gives back the rest of its worst case.
+    amount = await bill(admission, in_flight, num_tokens=1)
+    assert amount < worst
+    assert await budget_used(ledger, key, subject) == amount + worst
+
+
+async def test_a_key_budget_set_partway_counts_that_keys_runs_alone(
+    admission: Admission, ledger: ledger_pb2_grpc.LedgerServiceStub
+) -> None:
+    tenant_id, key = await admission.new_tenant_key("late-key-budget")
+    key_id = key.split("_")[1]
+    other = await admission.tenants.create_key(tenant_id)
+    amount = await bill(admission, (await generate(admission, key))[0])  # type: ignore[index]
+    assert isinstance(await generate(admission, other.secret), tuple)  # not this key's
+    in_flight, _ = await generate(admission, key)  # type: ignore[misc]
+    worst = await reserved_spend(admission, in_flight)
+    await set_quota(
+        admission,
+        tenant_id=tenant_id,
+        key_id=key_id,
+        budget_micros=amount + worst + worst // 2,
+        budget_period="day",
+    )
+    assert await budget_used(ledger, key, f"key:{key_id}") == amount + worst
+    assert budget_exceeded(await generate(admission, key), f"key:{key_id}")
+    assert isinstance(await generate(admission, other.secret), tuple)
+    settled = await bill(admission, in_flight, num_tokens=1)
+    assert await budget_used(ledger, key, f"key:{key_id}") == amount + settled

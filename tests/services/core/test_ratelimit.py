@@ -25,10 +25,13 @@ def test_a_peer_past_its_burst_waits_for_its_bucket_to_refill() -> None:
 
 
 def test_peers_are_named_by_address_without_the_port() -> None:
-    assert peer_host("ipv4:127.0.0.1:52114") == "ipv4:127.0.0.1"
-    assert peer_host("ipv6:[::1]:52114") == "ipv6:[::1]"
+    # gRPC's peers and the HTTP door's client addresses name one host alike.
+    assert peer_host("ipv4:127.0.0.1:52114") == "127.0.0.1"
+    assert peer_host("ipv6:[::1]:52114") == "::1"
     assert peer_host("unix:/tmp/socket") == "unix:/tmp/socket"
     assert peer_host("10.0.0.7") == "10.0.0.7"
+    assert peer_host("::1") == "::1"
+    assert peer_host("ipv6:[2001:db8::1]:443") == "2001:db8::1"
 
 
 def test_the_buckets_kept_are_bounded() -> None:

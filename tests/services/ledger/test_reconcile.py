@@ -3,6 +3,9 @@ the report names the run that breaks it, and only that invariant."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 
@@ -10,7 +13,7 @@ from services.core.db import Database
 from services.core.event_store import EventStore
 from services.core.pricing import PriceTable
 from services.core.schema import kv_reservations, ledger_entries, outbox, run_events, runs
-from services.ledger.reconcile import InvariantReport, Scope, check
+from services.ledger.reconcile import TENANT_WINDOW_SECONDS, InvariantReport, Scope, check
 from services.ledger.sweep import Sweeper
 from tests.services.ledger.runs import create_tenant, queued_run, terminal_run
 
@@ -157,3 +160,112 @@ async def _add_event(db: Database, run_id: str, kind: str) -> None:
         await conn.execute(
             runs.update().where(runs.c.run_id == run_id).values(last_seq=last_seq + 1)
         )
+
+
+# Other tenants' billed runs, each with five events, three entries and a reservation.
+_CROWD = (
+    """
+    INSERT INTO runs (run_id, tenant_id, model, priority, state, last_seq, idempotency_key)
+    SELECT 'crowd-' || i, 'crowd-' || (i % 200), 'tiny', 'interactive', 'billed', 5,
+           'run:crowd-' || i
+    FROM generate_series(1, :n) i
+    """,
+    """
+    INSERT INTO run_events (run_id, seq, kind, tenant_id, payload)
+    SELECT 'crowd-' || i, e.seq, e.kind, 'crowd-' || (i % 200), CAST(e.payload AS json)
+    FROM generate_series(1, :n) i CROSS JOIN (VALUES
+        (1, 'queued', '{}'), (2, 'prefill', '{}'),
+        (3, 'streaming', '{"token_ids": [1, 2], "text": "hi"}'),
+        (4, 'completed', '{}'), (5, 'billed', '{"amount_micros": 0}')
+    ) e(seq, kind, payload)
+    """,
+    """
+    INSERT INTO ledger_entries (entry_id, tenant_id, run_id, idempotency_key, billing_type,
+                                model, quantity, unit_price_micros, amount_micros, currency)
+    SELECT 'crowd-' || i || '-' || t, 'crowd-' || (i % 200), 'crowd-' || i, 'run:crowd-' || i,
+           t, 'tiny', 2, 0, 0, 'USD'
+    FROM generate_series(1, :n) i
+    CROSS JOIN unnest(ARRAY['input_tokens', 'cached_input_tokens', 'output_tokens']) t
+    """,
+    """
+    INSERT INTO kv_reservations (run_id, tenant_id, num_kv_blocks, released_at)
+    SELECT 'crowd-' || i, 'crowd-' || (i % 200), 1, now() FROM generate_series(1, :n) i
+    """,
+    # And a tenth as many in flight: queued, their reservations held.
+    """
+    INSERT INTO runs (run_id, tenant_id, model, priority, state, last_seq, idempotency_key)
+    SELECT 'crowd-queued-' || i, 'crowd-' || (i % 200), 'tiny', 'interactive', 'queued', 1,
+           'run:crowd-queued-' || i
+    FROM generate_series(1, :n / 10) i
+    """,
+    """
+    INSERT INTO run_events (run_id, seq, kind, tenant_id, payload)
+    SELECT 'crowd-queued-' || i, 1, 'queued', 'crowd-' || (i % 200), CAST('{}' AS json)
+    FROM generate_series(1, :n / 10) i
+    """,
+    """
+    INSERT INTO kv_reservations (run_id, tenant_id, num_kv_blocks)
+    SELECT 'crowd-queued-' || i, 'crowd-' || (i % 200), 1 FROM generate_series(1, :n / 10) i
+    """,
+)
+NUM_CROWD_RUNS = 20_000
+_READ = {"runs", "run_events", "ledger_entries", "kv_reservations"}
+
+
+def rows_read(plan: dict[str, Any], found: dict[str, int]) -> dict[str, int]:
+    """Rows each scan of a run table read (kept or filtered out), over every loop."""
+    relation = plan.get("Relation Name")
+    if relation in _READ:
+        per_loop = (
+            plan["Actual Rows"]
+            + plan.get("Rows Removed by Filter", 0)
+            + plan.get("Rows Removed by Index Recheck", 0)
+        )
+        found[relation] = found.get(relation, 0) + per_loop * plan["Actual Loops"]
+    for child in plan.get("Plans", []):
+        rows_read(child, found)
+    return found
+
+
+async def test_a_tenants_check_reads_its_own_runs_not_everyones(
+    db: Database, store: EventStore, prices: PriceTable
+) -> None:
+    async with db.begin() as conn:
+        for statement in _CROWD:
+            await conn.execute(sa.text(statement), {"n": NUM_CROWD_RUNS})
+    async with db.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(sa.text("ANALYZE"))
+    tenant, _ = await create_tenant(db)
+    mine = [await billed(store, db, prices, tenant) for _ in range(2)]
+    await queued_run(store, tenant)
+
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    sa.event.listen(db.sync_engine, "before_cursor_execute", capture)
+    try:
+        # As GetReconciliation asks for a tenant's key.
+        assert (await report(db, Scope(tenant, TENANT_WINDOW_SECONDS))).ok
+    finally:
+        sa.event.remove(db.sync_engine, "before_cursor_execute", capture)
+    assert len(statements) >= 8  # one or more per invariant
+
+    # The tenant's three runs hold 11 events, 6 entries and 3 reservations; the crowd's,
+    # 102,000 events, 60,000 entries and 2,000 reservations held.
+    too_many = {}
+    async with db.connect() as conn:
+        for statement, parameters in statements:
+            explained = await conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
+            )
+            [[document]] = explained.all()
+            plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+            read = rows_read(plan, {})
+            if any(count > 50 for count in read.values()):
+                too_many[statement] = read
+    assert not too_many
+    assert mine  # billed, reconciled

@@ -359,3 +359,25 @@ async def test_usage_shows_spend_against_budget_and_the_limits_left(ledger: Ledg
     assert budget.budget_period == "day" and budget.reset_time.ToDatetime().hour == 0
     requests = limits["requests_per_minute"]
     assert (requests.limit, requests.used, requests.remaining) == (5, 1, 4)
+
+
+async def test_a_tenants_reconciliation_covers_its_runs_of_the_last_week(ledger: Ledger) -> None:
+    tenant, key = await create_tenant(ledger.db)
+    old = await terminal_run(ledger.store, tenant)  # never billed
+    async with ledger.db.begin() as conn:
+        await conn.execute(
+            runs.update()
+            .where(runs.c.run_id == old)
+            .values(
+                created_at=runs.c.created_at - sa.text("interval '8 days'"),
+                updated_at=runs.c.updated_at - sa.text("interval '8 days'"),
+            )
+        )
+    mine = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(key)
+    )
+    assert mine.ok
+    everyone = await ledger.stub.GetReconciliation(
+        ledger_pb2.GetReconciliationRequest(), metadata=auth(ADMIN)
+    )
+    assert list(everyone.unbilled_run_ids) == [old]

@@ -6,7 +6,7 @@ from sqlalchemy.exc import OperationalError
 from engine.outputs import RequestOutput
 from services.core.event_store import Append, EventStore
 from services.core.runs import NewEvent, NewRun, RunState, StoredEvent
-from services.worker.appender import StepAppender
+from services.worker.appender import APPEND_FAILED, StepAppender
 from services.worker.runs import AssignedRun
 from tests.services.worker.test_runs import METRICS
 
@@ -219,3 +219,26 @@ async def test_watchers_hear_when_a_run_ends_and_not_before(store: EventStore) -
     first.clear()
     appender.drop("b")  # a dropped run frees its blocks as well
     assert first.is_set()
+
+
+async def test_a_failed_append_tells_each_tenant_a_code_and_no_detail(store: EventStore) -> None:
+    runs = {"a": await started_run(store, "a"), "b": await started_run(store, "b")}
+    append_batch = store.append_batch
+    detail = "INSERT INTO run_events ... VALUES ('other tenant prompt', 'b')"
+
+    async def refused_for_good(appends: Sequence[Append]) -> list[StoredEvent]:
+        await append_batch([])  # the database answers; it is the statement that fails
+        raise ValueError(detail)
+
+    store.append_batch = refused_for_good  # type: ignore[method-assign]
+    appender = StepAppender(store, runs, lambda run_id: None)
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.on_step([out("a", 1), out("b", 1)])
+        await wait_until(lambda: not runs)
+    finally:
+        task.cancel()
+    for run_id in ("a", "b"):
+        [*_, failed] = await store.read(run_id)
+        assert failed.kind == RunState.FAILED
+        assert failed.payload == {"code": "INTERNAL", "message": APPEND_FAILED}
