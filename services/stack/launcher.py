@@ -23,12 +23,15 @@ from pathlib import Path
 import structlog
 
 from services.core.parent import die_with_parent_env
+from services.stack.health_check import is_serving
 from services.stack.infra import free_port
 from services.stack.server_process import InfraError, stop_process
 
 log = structlog.get_logger(__name__)
 
 READY_TIMEOUT_S = 120.0
+# How often a wait for READY looks at a stop request and the health check.
+READY_POLL_S = 0.2
 STOP_TIMEOUT_S = 15.0
 
 
@@ -90,6 +93,10 @@ PUBLIC_SERVICES = ("admission", "ledger")
 PUBLIC_ONLY_VARIABLES = ("TOLLGATE_ADMIN_TOKEN", "TOLLGATE_TLS_CERT", "TOLLGATE_TLS_KEY")
 
 
+class Stopped(Exception):
+    """A stop request ended a wait for a process to be ready."""
+
+
 class ServiceProcess:
     """One service child process; it dies with the process that started it."""
 
@@ -138,9 +145,41 @@ class ServiceProcess:
         inherited = {k: v for k, v in os.environ.items() if k not in PUBLIC_ONLY_VARIABLES}
         return {**inherited, **self.env, **die_with_parent_env(signal.SIGTERM)}
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> str:
+    def wait_ready(
+        self,
+        timeout: float = READY_TIMEOUT_S,
+        stopping: threading.Event | None = None,
+        serving: Callable[[], bool] | None = None,
+    ) -> str:
         """Waits for the READY line and returns the address it names; the other endpoints
-        it names (`http=URL`) go to `endpoints`."""
+        it names (`http=URL`) go to `endpoints`. Ends sooner once `serving()` holds (the
+        address and endpoints then stay as they were); raises Stopped once `stopping` is
+        set."""
+        assert self.process is not None
+        lines = self._stdout_lines()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = lines.get(timeout=READY_POLL_S)
+            except queue.Empty:
+                line = ""
+            if line is not None and line.startswith("READY "):
+                self.address, *endpoints = line.split()[1:]
+                self.endpoints = dict(e.partition("=")[::2] for e in endpoints)
+                return self._ready()
+            if stopping is not None and stopping.is_set():
+                raise Stopped(f"{self.name} was not ready when the stop came")
+            if line is None:  # its output ended: it exited, or is about to
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(5)
+                raise self._not_ready(timeout)
+            if serving is not None and serving():
+                return self._ready()
+            if time.monotonic() > deadline:
+                raise self._not_ready(timeout)
+
+    def _stdout_lines(self) -> queue.Queue[str | None]:
+        """The lines the process prints, read in a thread of their own; None at the end."""
         assert self.process is not None and self.process.stdout is not None
         lines: queue.Queue[str | None] = queue.Queue()
         stdout = self.process.stdout
@@ -151,29 +190,21 @@ class ServiceProcess:
             lines.put(None)  # its output ended: the process is gone, so is the wait
 
         threading.Thread(target=read_lines, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        try:
-            while (line := lines.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
-                if line.startswith("READY "):
-                    self.address, *endpoints = line.split()[1:]
-                    self.endpoints = dict(e.partition("=")[::2] for e in endpoints)
-                    log.info(
-                        f"{self.name} ready", address=self.address, pid=self.pid, **self.endpoints
-                    )
-                    return self.address
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(5)
-            raise queue.Empty
-        except queue.Empty:
-            status = self.process.poll()
-            state = (
-                f"exited with status {status}"
-                if status is not None
-                else f"not ready after {timeout:.0f}s"
-            )
-            raise InfraError(
-                f"{self.name} {state}; see {self.log_path}\n{self.log_tail()}"
-            ) from None
+        return lines
+
+    def _ready(self) -> str:
+        log.info(f"{self.name} ready", address=self.address, pid=self.pid, **self.endpoints)
+        return self.address
+
+    def _not_ready(self, timeout: float) -> InfraError:
+        assert self.process is not None
+        status = self.process.poll()
+        state = (
+            f"exited with status {status}"
+            if status is not None
+            else f"not ready after {timeout:.0f}s"
+        )
+        return InfraError(f"{self.name} {state}; see {self.log_path}\n{self.log_tail()}")
 
     def log_tail(self, num_lines: int = 15) -> str:
         if not self.log_path.exists():
@@ -184,14 +215,26 @@ class ServiceProcess:
         """None while it runs (or was stopped), else how it exited."""
         return None if self.process is None else self.process.poll()
 
-    def restart(self) -> str:
-        """Starts it again, on the addresses it had, and waits until it is ready."""
+    def restart(self, stopping: threading.Event | None = None) -> str:
+        """Starts it again, on the addresses it had, and waits until it serves there: its
+        READY line or its health check, whichever comes first. (A scheduler prints READY
+        once its Kafka consumer holds partitions; after a crash that waits until the
+        broker gives up on the dead process's consumer, long after it serves.) Raises
+        Stopped once `stopping` is set."""
         if self.address:
             self.env["TOLLGATE_LISTEN"] = self.address
         if "http" in self.endpoints:
             self.env["TOLLGATE_HTTP_LISTEN"] = self.endpoints["http"].partition("://")[2]
         self.start()
-        return self.wait_ready()
+        return self.wait_ready(stopping=stopping, serving=self._health_check())
+
+    def _health_check(self) -> Callable[[], bool] | None:
+        """The health check at its address; none with TLS (plaintext only), where READY
+        comes as soon as it serves."""
+        if not self.address or "TOLLGATE_TLS_CERT" in self.env:
+            return None
+        address = self.address
+        return lambda: is_serving(address)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         process, self.process = self.process, None

@@ -3,7 +3,8 @@
 Each restart waits a backoff that doubles while a process keeps dying soon after it
 started (from `INITIAL_BACKOFF_S` up to `MAX_BACKOFF_S`) and is forgiven once it stays
 up for `STABLE_AFTER_S`.  A restarted process listens on the addresses it had, so the
-processes and clients that know them need no news; its new pid goes to `on_restart`.
+processes and clients that know them need no news; its new pid goes to `on_restart` as
+soon as it serves.  `stop()` ends a restart under way, backoff or wait alike.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.stack.launcher import ServiceProcess, Services
+from services.stack.launcher import ServiceProcess, Services, Stopped
 from services.stack.server_process import InfraError
 
 log = structlog.get_logger(__name__)
@@ -63,7 +64,8 @@ class Supervisor:
         self._thread.start()
 
     def stop(self) -> None:
-        """Restarts nothing from now on; returns once a restart under way has ended."""
+        """Restarts nothing from now on; returns once a restart under way has given up
+        (within `launcher.READY_POLL_S` and a health check)."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -90,9 +92,12 @@ class Supervisor:
             return
         backoff.started(time.monotonic())
         try:
-            process.restart()
+            process.restart(self._stopping)
         except InfraError as exc:  # it died again before it was ready: the next round retries
             log.error(f"{process.name} did not come back", error=str(exc))
+            return
+        except Stopped:  # the new process is stopped with the others
+            log.info(f"{process.name} restart abandoned: stopping", pid=process.pid)
             return
         self.num_restarts += 1
         log.warning(f"{process.name} restarted", pid=process.pid, old_pid=old_pid)

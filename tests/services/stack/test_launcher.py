@@ -1,11 +1,16 @@
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
+from grpc_health.v1 import health, health_pb2_grpc
 
 from services.stack import launcher
 from services.stack.launcher import THREAD_VARIABLES, Services, StackConfig, parse_replicas
@@ -92,6 +97,45 @@ def test_a_service_dies_with_the_process_that_started_it(tmp_path: Path) -> None
     launcher.kill()
     launcher.wait()
     service.wait(timeout=10)  # psutil.TimeoutExpired if it outlived its launcher
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[launcher.ServiceProcess]:
+    """A service process that never prints READY."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+    process = launcher.ServiceProcess(
+        "follower", "tests.services.stack.follower", env, tmp_path / "follower.log"
+    )
+    yield process
+    process.stop()
+
+
+def test_a_stop_request_ends_the_wait_for_ready(stand_in: launcher.ServiceProcess) -> None:
+    stand_in.start()
+    stopping = threading.Event()
+    threading.Timer(0.5, stopping.set).start()
+    started = time.monotonic()
+    with pytest.raises(launcher.Stopped):
+        stand_in.wait_ready(timeout=120, stopping=stopping)
+    assert time.monotonic() - started < 5
+    assert stand_in.exit_status() is None  # stopping it is the caller's
+
+
+def test_a_restarted_process_is_ready_once_its_address_serves(
+    stand_in: launcher.ServiceProcess,
+) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        stand_in.address = f"127.0.0.1:{port}"  # where it listened before
+        started = time.monotonic()
+        assert stand_in.restart() == f"127.0.0.1:{port}"  # without a READY line
+        assert time.monotonic() - started < 30
+        assert stand_in.env["TOLLGATE_LISTEN"] == f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
 
 
 def test_replicas_are_counted_per_service() -> None:

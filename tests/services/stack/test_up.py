@@ -15,11 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psutil
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from tollgate import AdminClient, Client
+from tollgate.errors import UnauthenticatedError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -188,3 +191,121 @@ def wait_for_new_pid(stack_file: Path, service: str, old_pid: int, timeout: floa
             return pid
         time.sleep(0.2)
     raise AssertionError(f"{service} was not restarted")
+
+
+def stack_of(stack_file: Path) -> dict[str, Any]:
+    stack: dict[str, Any] = json.loads(stack_file.read_text())
+    return stack
+
+
+def answers_serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=0.5
+            )
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(420)
+def test_a_second_start_revokes_the_demo_key_of_the_first(tmp_path: Path) -> None:
+    stack_file = tmp_path / "stack" / "stack.json"
+    with start_up(tmp_path, "--port", "0", "--http-port", "0") as process:
+        try:
+            wait_for_file_content(stack_file, process)
+            first = stack_of(stack_file)["api_key"]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(90) == 0
+    with start_up(tmp_path, "--port", "0", "--http-port", "0") as process:
+        try:
+            wait_for_file_content(stack_file, process)
+            stack = stack_of(stack_file)
+            assert stack["api_key"] != first
+            with pytest.raises(UnauthenticatedError):
+                list(Client(stack["gateway"], first).generate("hi", model="tiny", max_tokens=4))
+            ledger = stack["services"]["ledger"][0]["address"]
+            client = Client(stack["gateway"], stack["api_key"], ledger_address=ledger)
+            events = list(client.generate("hi", model="tiny", max_tokens=4))
+            assert [e.kind for e in events][-2:] == ["completed", "billed"]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(90) == 0
+
+
+def test_a_restarted_service_is_in_the_stack_file_as_soon_as_it_serves(tmp_path: Path) -> None:
+    stack_file = tmp_path / "stack" / "stack.json"
+    with start_up(tmp_path, "--port", "0", "--http-port", "0") as process:
+        try:
+            wait_for_file_content(stack_file, process)
+            [scheduler] = stack_of(stack_file)["services"]["scheduler"]
+            old_pid, address = scheduler["pid"], scheduler["address"]
+            os.kill(old_pid, signal.SIGKILL)
+            while not is_gone(old_pid):
+                time.sleep(0.05)
+            serving_since = None
+            deadline = time.monotonic() + 60
+            while stack_of(stack_file)["services"]["scheduler"][0]["pid"] == old_pid:
+                assert time.monotonic() < deadline, "not restarted"
+                if serving_since is None and answers_serving(address):
+                    serving_since = time.monotonic()
+                time.sleep(0.1)
+            recorded = time.monotonic()
+            # Not once it also holds its Kafka partitions: after a SIGKILL that waits for
+            # the broker to give up on the dead consumer, far longer than this.
+            assert serving_since is None or recorded - serving_since < 5
+            [restarted] = stack_of(stack_file)["services"]["scheduler"]
+            assert restarted["address"] == address
+            assert "services.scheduler" in psutil.Process(restarted["pid"]).cmdline()
+            assert answers_serving(address)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(90) == 0
+
+
+def test_a_stop_during_a_restart_ends_it_and_the_stack_at_once(tmp_path: Path) -> None:
+    stack_file = tmp_path / "stack" / "stack.json"
+    with start_up(tmp_path, "--port", "0", "--http-port", "0") as process:
+        up = psutil.Process(process.pid)
+        started: set[int] = set()
+        try:
+            wait_for_file_content(stack_file, process)
+            old_pid = stack_of(stack_file)["services"]["scheduler"][0]["pid"]
+            os.kill(old_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not [p for p in up.children() if p.pid != old_pid and is_scheduler(p)]:
+                assert time.monotonic() < deadline, "no new scheduler"
+                time.sleep(0.05)
+            time.sleep(0.5)  # it starts up: the restart is under way
+            started |= {p.pid for p in up.children(recursive=True)}
+        finally:
+            process.send_signal(signal.SIGTERM)
+        stop_requested = time.monotonic()
+        while process.poll() is None and time.monotonic() < stop_requested + 90:
+            with contextlib.suppress(psutil.Error):
+                started |= {p.pid for p in up.children(recursive=True)}
+            time.sleep(0.05)
+        stopped_after = time.monotonic() - stop_requested
+        status = process.wait(90)
+    assert status == 0
+    # Not once the new scheduler is ready, which waits for its Kafka partitions.
+    assert stopped_after < 15
+    deadline = time.monotonic() + 5
+    while not all(is_gone(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in started if not is_gone(pid)] == []
+
+
+def is_scheduler(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return "services.scheduler" in process.cmdline()
+    return False
