@@ -25,6 +25,7 @@ from services.stack.launcher import (
     ServiceProcess,
     Services,
     StackConfig,
+    Stopped,
     parse_replicas,
 )
 from services.stack.server_process import InfraError
@@ -172,7 +173,11 @@ def up_command(args: argparse.Namespace) -> int:
             path = data_dir / STACK_FILE
             supervisor = Supervisor(services)
             try:
-                services.start()
+                try:
+                    services.start(stopping)
+                except Stopped:
+                    log.info("stopped while starting")
+                    return 0
                 stack = {
                     **stack_description(services),
                     "admin_token": config.admin_token,

@@ -266,6 +266,7 @@ class Services:
         self.log_dir = log_dir
         self.replicas = {**dict.fromkeys(SERVICE_NAMES, 1), **(replicas or {})}
         self.processes: dict[str, ServiceProcess] = {}
+        self._stopping: threading.Event | None = None
 
     def of(self, service: str) -> list[ServiceProcess]:
         """The processes of `service`, first started first."""
@@ -302,7 +303,10 @@ class Services:
             env["TOLLGATE_RESERVED_CORES"] = COLOCATED_RESERVED_CORES
         return env
 
-    def start(self) -> dict[str, ServiceProcess]:
+    def start(self, stopping: threading.Event | None = None) -> dict[str, ServiceProcess]:
+        """Starts every service, each once the one before is ready; raises Stopped (every
+        process started stopped again) once `stopping` is set."""
+        self._stopping = stopping
         try:
             self._start_all("ledger", lambda _: self.public_env())
             # No static workers: each registers itself.
@@ -343,7 +347,7 @@ class Services:
         )
         self.processes[name] = process
         process.start()
-        process.wait_ready()
+        process.wait_ready(stopping=self._stopping)
         return process
 
     def stop(self) -> None:

@@ -309,3 +309,27 @@ def is_scheduler(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return "services.scheduler" in process.cmdline()
     return False
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_stack_starts_ends_it_at_once(tmp_path: Path) -> None:
+    logs = tmp_path / "stack" / "logs"
+    with start_up(tmp_path, "--port", "0", "--http-port", "0") as process:
+        up = psutil.Process(process.pid)
+        started: set[int] = set()
+        deadline = time.monotonic() + 120
+        # Stopped once the first service runs, long before the last is ready.
+        while not (logs / "ledger.log").exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        started |= {p.pid for p in up.children(recursive=True)}
+        process.send_signal(signal.SIGTERM)
+        stop_requested = time.monotonic()
+        status = process.wait(90)
+        stopped_after = time.monotonic() - stop_requested
+    assert status == 0
+    assert stopped_after < 10
+    deadline = time.monotonic() + 5
+    while not all(is_gone(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in started if not is_gone(pid)] == []
