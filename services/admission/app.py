@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import structlog
@@ -15,6 +16,7 @@ from services.admission.gateway import Gateway, GatewayConfig
 from services.admission.grpc.admin_servicer import AdminServicer
 from services.admission.grpc.gateway_servicer import GatewayServicer
 from services.admission.http.app import create_app
+from services.admission.http.limits import DEFAULT_LIMITS, MAX_JSON_DEPTH, HttpLimits
 from services.admission.http.server import HttpServer
 from services.admission.requests import Limits
 from services.admission.scheduler_client import SchedulerClient
@@ -24,6 +26,7 @@ from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS
 from services.console import ConsoleSettings, console_router
 from services.core.config import (
     CommonSettings,
+    ConfigError,
     admin_token_from_env,
     env_float,
     env_int,
@@ -44,6 +47,7 @@ from tollgate.v1 import (
 )
 
 log = structlog.get_logger(__name__)
+N = TypeVar("N", int, float)
 
 SERVICES = (
     gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
@@ -62,6 +66,7 @@ class AdmissionSettings:
     config: GatewayConfig
     default_max_concurrent_runs: int
     tls: ServerTls | None = None
+    http_limits: HttpLimits = DEFAULT_LIMITS
 
     @classmethod
     def from_env(cls) -> AdmissionSettings:
@@ -100,6 +105,7 @@ class AdmissionSettings:
                 "TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS", DEFAULT_MAX_CONCURRENT_RUNS
             ),
             tls=ServerTls.from_env(),
+            http_limits=_http_limits(),
         )
 
 
@@ -107,6 +113,49 @@ def _http_listen() -> str:
     """Where the HTTP front door listens; `off` (or nothing) serves gRPC only."""
     listen = env_str("TOLLGATE_HTTP_LISTEN", "127.0.0.1:8080")
     return "" if listen.lower() == "off" else listen
+
+
+def _http_limits() -> HttpLimits:
+    """What one client may take of the HTTP port (docs/SECURITY.md's limits)."""
+    default = DEFAULT_LIMITS
+    limits = HttpLimits(
+        max_body_bytes=_positive("TOLLGATE_HTTP_MAX_BODY_BYTES", default.max_body_bytes),
+        max_json_depth=_positive("TOLLGATE_HTTP_MAX_JSON_DEPTH", default.max_json_depth),
+        max_connections=_positive("TOLLGATE_HTTP_MAX_CONNECTIONS", default.max_connections),
+        max_connections_per_client=_positive(
+            "TOLLGATE_HTTP_MAX_CONNECTIONS_PER_CLIENT", default.max_connections_per_client
+        ),
+        max_header_bytes=_positive("TOLLGATE_HTTP_MAX_HEADER_BYTES", default.max_header_bytes),
+        max_headers=_positive("TOLLGATE_HTTP_MAX_HEADERS", default.max_headers),
+        header_timeout=_seconds("TOLLGATE_HTTP_HEADER_TIMEOUT", default.header_timeout),
+        body_timeout=_seconds("TOLLGATE_HTTP_BODY_TIMEOUT", default.body_timeout),
+        trusted_proxies=tuple(
+            proxy.strip()
+            for proxy in env_str("TOLLGATE_HTTP_TRUSTED_PROXIES", "").split(",")
+            if proxy.strip()
+        ),
+    )
+    if limits.max_json_depth > MAX_JSON_DEPTH:
+        raise ConfigError(f"TOLLGATE_HTTP_MAX_JSON_DEPTH must be at most {MAX_JSON_DEPTH}")
+    try:
+        limits.proxy_networks()
+    except ValueError as error:
+        raise ConfigError(f"TOLLGATE_HTTP_TRUSTED_PROXIES: {error}") from None
+    return limits
+
+
+def _positive(name: str, default: int) -> int:
+    return _above_zero(name, env_int(name, default))
+
+
+def _seconds(name: str, default: float) -> float:
+    return _above_zero(name, env_float(name, default))
+
+
+def _above_zero(name: str, value: N) -> N:
+    if value <= 0:
+        raise ConfigError(f"{name} must be above 0, got {value}")
+    return value
 
 
 async def main(settings: AdmissionSettings) -> None:
@@ -147,10 +196,10 @@ async def main(settings: AdmissionSettings) -> None:
     server, port, health = create_server(settings.common.listen, add_servicers, tls=settings.tls)
     http = None
     if settings.http_listen:
-        app = create_app(gateway)
+        app = create_app(gateway, settings.http_limits)
         console = ConsoleSettings.from_env(settings.admin_token)
         app.include_router(console_router(gateway, console, scheduler))
-        http = HttpServer(app, settings.http_listen, tls=settings.tls)
+        http = HttpServer(app, settings.http_listen, tls=settings.tls, limits=settings.http_limits)
     endpoints = {"http": http.url} if http is not None else {}
     if http is not None:
         background.append(http.run())

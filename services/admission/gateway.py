@@ -17,6 +17,7 @@ from services.admission.backpressure import QueueBounds
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.checks import Candidate, Checks
+from services.admission.key_watch import KEY_CHECK_SECONDS, KeyWatch
 from services.admission.requests import GenerateParams, Limits, blocks_needed
 from services.admission.run_store import find_by_idempotency_key
 from services.admission.spend import worst_case_micros
@@ -65,6 +66,8 @@ class GatewayConfig:
     max_concurrent_streams: int = DEFAULT_MAX_CONCURRENT_STREAMS
     # What budgets reserve at (TOLLGATE_PRICES, as the ledger reads it).
     prices: PriceTable = field(default_factory=PriceTable)
+    # How often the keys of open streams are read back (key_watch.py).
+    key_check_interval: float = KEY_CHECK_SECONDS
 
 
 class Gateway:
@@ -90,6 +93,7 @@ class Gateway:
         self.config = config
         self.on_queued = on_queued
         self.attachments = attachments or Attachments(db)
+        self.key_watch = KeyWatch(db, feed, config.key_check_interval)
         self.streams = StreamCounts()
         self.stream_limits = StreamLimits(TenantStore(db), config.max_concurrent_streams)
         self.checks = Checks(
@@ -174,7 +178,9 @@ class Gateway:
         """Cancels the runs no client streams any more, once their grace is over, and
         writes the keys' last uses."""
         await asyncio.gather(
-            self.attachments.run(self._cancel_abandoned), self.key_usage.run(self.db)
+            self.attachments.run(self._cancel_abandoned),
+            self.key_usage.run(self.db),
+            self.key_watch.run(),
         )
 
     async def _prepare(self, candidate: Candidate, run_id: str) -> Admission:
@@ -222,7 +228,7 @@ class Gateway:
 
     async def follow(
         self,
-        tenant_id: str,
+        principal: Principal,
         run_id: str,
         after_seq: int,
         until_terminal: bool,
@@ -230,33 +236,47 @@ class Gateway:
     ) -> AsyncIterator[StoredEvent]:
         """The run's events after `after_seq`, starting with `known` (the events right
         after it that the caller holds); while it lasts, the run counts as attached and
-        as one of the tenant's streams.
+        as one of the tenant's streams, and the caller's key is watched: a stream whose
+        key is revoked, expires or is rotated away ends with Unauthenticated.
 
         Raises QuotaExceeded (STREAMS_LIMITED) here, before any event, when the tenant
         holds as many streams as it may: a front can still answer with an error status."""
-        limit = await self.stream_limits.get(tenant_id)
-        self.streams.check(tenant_id, limit, run_id)
-        return self._follow(tenant_id, limit, run_id, after_seq, until_terminal, known)
+        assert principal.tenant_id is not None
+        limit = await self.stream_limits.get(principal.tenant_id)
+        self.streams.check(principal.tenant_id, limit, run_id)
+        return self._follow(principal, limit, run_id, after_seq, until_terminal, known)
 
     async def _follow(
         self,
-        tenant_id: str,
+        principal: Principal,
         limit: int,
         run_id: str,
         after_seq: int,
         until_terminal: bool,
         known: Sequence[StoredEvent],
     ) -> AsyncIterator[StoredEvent]:
+        assert principal.tenant_id is not None
         stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
         # Counted only once iterated: a stream its front never starts holds nothing but
         # its run's reservation, which lapses.
-        with self.streams.held(tenant_id, limit, run_id):
+        with (
+            self.streams.held(principal.tenant_id, limit, run_id),
+            self.key_watch.watching(principal, run_id) as credential,
+        ):
             # `known` holds the `queued` event this replica just stored with its lease.
             async with self.attachments.attached(run_id, leased=bool(known)):
                 async for event in stream_events(
-                    self.store, self.feed, run_id, after_seq, stop_kinds, known=known
+                    self.store,
+                    self.feed,
+                    run_id,
+                    after_seq,
+                    stop_kinds,
+                    known=known,
+                    stopped=lambda: self.key_watch.has_lapsed(credential),
                 ):
                     yield event
+                if credential is not None and self.key_watch.has_lapsed(credential):
+                    raise self.key_watch.ended(credential)
 
     async def _cancel_abandoned(self, run_id: str) -> None:
         run = await self.store.get_run(run_id)

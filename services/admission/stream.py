@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 
 import psycopg
 import structlog
@@ -91,6 +91,11 @@ class RunFeed:
             for queue in queues:
                 _offer(queue, notice)
 
+    def wake(self, run_id: str) -> None:
+        """Sends the run's streams to the store, where each checks whether to stop."""
+        for queue in self._subscribers.get(run_id, ()):
+            _offer(queue, None)
+
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[asyncio.Queue[Notice]]:
         queue: asyncio.Queue[Notice] = asyncio.Queue(self.max_pending)
@@ -122,6 +127,7 @@ async def stream_events(
     stop_kinds: Collection[RunState],
     *,
     known: Sequence[StoredEvent] = (),
+    stopped: Callable[[], bool] = lambda: False,
     poll_interval: float = 0.5,
     max_poll_interval: float = 2.0,
     max_listening_poll_interval: float = 15.0,
@@ -133,6 +139,8 @@ async def stream_events(
     `queued` event of a run it has just admitted): they take the first read's place.
     A notice that went by before the subscription shows up as a gap in the next one, or
     as silence, and either sends the stream to the store.
+    The stream ends early, before its next read of the store, once `stopped()` is true:
+    a `wake` of the run makes it check at once.
     A run that stays silent (queued behind others) is re-read from the store after
     `poll_interval`, then twice as long each time up to `max_poll_interval`, so
     waiting streams cost the database little; up to `max_listening_poll_interval` while
@@ -144,7 +152,7 @@ async def stream_events(
     last = seen = after_seq
     wait = poll_interval
     with feed.subscribe(run_id) as notices:
-        while True:
+        while not stopped():
             caught_up = list(known) or await store.read(run_id, after_seq=last)
             known = ()
             for stored in caught_up:

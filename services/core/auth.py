@@ -45,6 +45,9 @@ class Principal:
     is_admin: bool = False
     key_id: str | None = None
     allowed_models: frozenset[str] = frozenset()  # empty: every model
+    # The hash of the secret the caller gave (the key's, or its previous one in its
+    # overlap): what a stream is checked against while it lasts.
+    secret_hash: str = ""
 
     def may_use(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -207,6 +210,7 @@ async def _authenticate(
         tenant_id=row["tenant_id"],
         key_id=key_id,
         allowed_models=frozenset(row["allowed_models"] or ()),
+        secret_hash=hash_secret(secret),
     )
 
 

@@ -40,7 +40,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             await context.send_initial_metadata(tuple(started.rate_limits.items()))
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             events = await self.gateway.follow(
-                tenant_id, started.run_id, 0, params.until_terminal, known=started.stored
+                principal, started.run_id, 0, params.until_terminal, known=started.stored
             )
             async for event in events:
                 yield to_proto(event)
@@ -56,7 +56,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         run = await get_visible_run(self.gateway.store, principal, request.run_id)
         with bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
             events = await self.gateway.follow(
-                run.tenant_id, run.run_id, request.starting_after, request.until_terminal
+                principal, run.run_id, request.starting_after, request.until_terminal
             )
             async for event in events:
                 yield to_proto(event)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated, Any, TypeVar
@@ -17,6 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
+from services.admission.http.guard import RequestGuard, scope_principal
+from services.admission.http.limits import DEFAULT_LIMITS, HttpLimits
 from services.admission.http.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,12 +53,13 @@ from services.core.telemetry import bound_log_context
 T = TypeVar("T")
 NOT_JSON = "send a JSON object, with content-type: application/json"
 MAX_SEQ = 2**63 - 1
+SEQ = re.compile(r"[0-9]{1,19}")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # Declared for the OpenAPI document; the key itself is checked as gRPC's is.
 bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
 
 
-def create_app(gateway: Gateway) -> FastAPI:
+def create_app(gateway: Gateway, limits: HttpLimits = DEFAULT_LIMITS) -> FastAPI:
     app = FastAPI(
         title="Tollgate",
         summary="OpenAI-compatible completions with resumable streams",
@@ -74,6 +78,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _unexpected_error)
+    # Added last, RequestId is outermost: the guard's refusals get an x-request-id too.
+    app.add_middleware(RequestGuard, gateway=gateway, limits=limits, routes=app.router.routes)
     app.add_middleware(RequestId)
     return app
 
@@ -156,7 +162,7 @@ class HttpApi:
         principal = await self._principal(request)
         after = _resume_point(last_event_id, starting_after)
         run = await get_visible_run(self.gateway.store, principal, run_id)
-        events = await self.gateway.follow(run.tenant_id, run.run_id, after, until_terminal=False)
+        events = await self.gateway.follow(principal, run.run_id, after, until_terminal=False)
         frames = (sse_frame(event_json(e), e.seq) async for e in events)
         return _sse(frames, run.run_id)
 
@@ -166,9 +172,11 @@ class HttpApi:
         return tenant_id
 
     async def _principal(self, request: Request) -> Principal:
-        header = request.headers.get("authorization", "")
-        peer = request.client.host if request.client is not None else ""
-        return await self.gateway.principal([("authorization", header)], peer)
+        """The caller's key, as `RequestGuard` found it before the body was read."""
+        principal = request.scope.get("state", {}).get("principal")
+        if isinstance(principal, Principal):
+            return principal
+        return await scope_principal(self.gateway, request.scope)
 
     @property
     def _limits(self) -> Limits:
@@ -193,7 +201,7 @@ class HttpApi:
         completion = Completion(
             bool(params.messages), started.run_id, params.model, include_usage=include_usage
         )
-        events = await self.gateway.follow(tenant_id, started.run_id, 0, True, known=started.stored)
+        events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
         if body.stream:
             return _sse(_completion_frames(events, completion), started.run_id, started.rate_limits)
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
@@ -221,7 +229,8 @@ def _model(entry: ModelEntry) -> dict[str, Any]:
 def _resume_point(last_event_id: str | None, starting_after: int) -> int:
     if last_event_id is None:
         return starting_after
-    if last_event_id.strip().isdigit() and int(last_event_id) <= MAX_SEQ:
+    # ASCII digits only: `isdigit()` passes superscripts, which int() refuses.
+    if SEQ.fullmatch(last_event_id.strip()) and int(last_event_id) <= MAX_SEQ:
         return int(last_event_id)
     raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
 
@@ -230,7 +239,19 @@ def _sse(
     frames: AsyncIterator[bytes], run_id: str, extra: Mapping[str, str] | None = None
 ) -> StreamingResponse:
     headers = {"x-request-id": run_id, **SSE_HEADERS, **(extra or {})}
-    return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
+    return StreamingResponse(
+        _until_refused(frames), media_type="text/event-stream", headers=headers
+    )
+
+
+async def _until_refused(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The frames, and an API error raised while they stream (the key was revoked) as a
+    last `error` frame: the answer's status went out with the first frame."""
+    try:
+        async for frame in frames:
+            yield frame
+    except ApiError as error:
+        yield sse_frame(http_error(error).body)
 
 
 async def _completion_frames(

@@ -2,6 +2,8 @@
 
 The socket is bound before the server starts, so the port is known (and announced)
 even when it was 0; signals stay with the process's own handler (`services.core.server`).
+Each connection meets `HttpLimits` (`connections.py`); `X-Forwarded-For` names the client
+only on a connection from one of `trusted_proxies`, else the client is the transport peer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Generator
 import uvicorn
 from starlette.types import ASGIApp
 
+from services.admission.http.connections import limited_protocol
+from services.admission.http.limits import DEFAULT_LIMITS, HttpLimits
 from services.core.loop import wait_set
 from services.core.tls import ServerTls
 
@@ -26,7 +30,13 @@ class _Server(uvicorn.Server):
 
 class HttpServer:
     def __init__(
-        self, app: ASGIApp, listen: str, *, grace: int = 5, tls: ServerTls | None = None
+        self,
+        app: ASGIApp,
+        listen: str,
+        *,
+        grace: int = 5,
+        tls: ServerTls | None = None,
+        limits: HttpLimits = DEFAULT_LIMITS,
     ) -> None:
         host, _, port = listen.rpartition(":")
         self.host = host.strip("[]") or "127.0.0.1"
@@ -38,7 +48,10 @@ class HttpServer:
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=grace,
-            http="httptools",
+            http=limited_protocol(limits),
+            ws="none",
+            proxy_headers=bool(limits.trusted_proxies),
+            forwarded_allow_ips=[str(network) for network in limits.proxy_networks()],
             ssl_certfile=str(tls.cert_path) if tls is not None else None,
             ssl_keyfile=str(tls.key_path) if tls is not None else None,
         )

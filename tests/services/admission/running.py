@@ -29,6 +29,8 @@ from services.core.relay import OutboxRelay
 from services.core.server import create_server
 from tollgate.v1 import admin_pb2_grpc, gateway_pb2_grpc
 
+# Streams of a revoked key end within this long here (5 s by default).
+KEY_CHECK_INTERVAL = 0.2
 ADMIN_TOKEN = "test-admin-token"
 MODEL = "tiny"
 
@@ -79,6 +81,7 @@ async def running_admission(
             limits=Limits(max_tokens=512, max_message_chars=2000),
             block_size=16,
             prices=prices or PriceTable(),
+            key_check_interval=KEY_CHECK_INTERVAL,
         ),
         attachments=Attachments(db, lease=lease, renew_interval=lease / 3),
     )

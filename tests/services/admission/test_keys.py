@@ -15,7 +15,13 @@ from grpc_status import rpc_status
 from services.admission.http.app import create_app
 from services.admission.http.server import HttpServer
 from tests.services.admission.calls import first_event, request, secret_part
-from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
+from tests.services.admission.running import (
+    ADMIN_TOKEN,
+    KEY_CHECK_INTERVAL,
+    MODEL,
+    Admission,
+    auth,
+)
 from tollgate.v1 import admin_pb2, events_pb2, gateway_pb2
 
 ADMIN = auth(ADMIN_TOKEN)
@@ -262,3 +268,64 @@ async def test_a_key_sees_only_the_runs_of_models_it_may_run(admission: Admissio
         gateway_pb2.GetRunRequest(run_id=run_id), metadata=auth(everything.secret)
     )
     assert run.state != events_pb2.RUN_STATE_CANCELLED
+
+
+async def test_the_streams_of_a_revoked_or_rotated_key_end_and_others_go_on(
+    admission: Admission,
+) -> None:
+    tenant_id = await new_tenant(admission, "revoked-streams")
+    revoked, rotated, kept = [await create_key(admission, tenant_id) for _ in range(3)]
+    streams = {}
+    for key in (revoked, rotated, kept):
+        call = admission.gateway.Generate(request(), metadata=auth(key.secret))
+        assert (await call.read()).WhichOneof("kind") == "queued"  # then quiet: no worker
+        streams[key.key_id] = call
+    await admission.admin.RevokeApiKey(
+        admin_pb2.RevokeApiKeyRequest(key_id=revoked.key_id), metadata=ADMIN
+    )
+    await admission.admin.RotateApiKey(
+        admin_pb2.RotateApiKeyRequest(key_id=rotated.key_id, overlap=duration_pb2.Duration()),
+        metadata=ADMIN,
+    )
+    for key in (revoked, rotated):
+        async with asyncio.timeout(10 * KEY_CHECK_INTERVAL + 5):
+            error = await refusal(streams[key.key_id].read())
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert key.key_id in (error.details() or "")
+    # The stream of a key still good goes on, and its run was never cancelled by it.
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(5 * KEY_CHECK_INTERVAL):
+            await streams[kept.key_id].read()
+    streams[kept.key_id].cancel()
+
+
+async def test_an_sse_stream_of_a_revoked_key_ends_with_an_error_event(
+    admission: Admission,
+) -> None:
+    tenant_id = await new_tenant(admission, "revoked-sse")
+    key = await create_key(admission, tenant_id)
+    run_id = (await first_event(admission, key.secret, request())).run_id
+    server = HttpServer(create_app(admission.core), "127.0.0.1:0")
+    task = asyncio.create_task(server.run())
+    headers = {"authorization": f"Bearer {key.secret}"}
+    try:
+        async with (
+            httpx2.AsyncClient(base_url=server.url, timeout=30) as http,
+            http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as answer,
+        ):
+            assert answer.status_code == 200
+            lines = answer.aiter_lines()
+            while not (line := await anext(lines)).startswith("data:"):
+                pass
+            assert json.loads(line.removeprefix("data:"))["seq"] == 1
+            await admission.admin.RevokeApiKey(
+                admin_pb2.RevokeApiKeyRequest(key_id=key.key_id), metadata=ADMIN
+            )
+            async with asyncio.timeout(10 * KEY_CHECK_INTERVAL + 5):
+                rest = [line async for line in lines if line.startswith("data:")]
+        [last] = rest
+        error = json.loads(last.removeprefix("data:"))["error"]
+        assert error["type"] == "authentication_error" and key.key_id in error["message"]
+    finally:
+        await server.stop()
+        await task
