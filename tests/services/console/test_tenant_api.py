@@ -8,9 +8,10 @@ import pytest
 
 from services.core.pricing import PriceTable
 from services.ledger.billing import bill_run
-from tests.services.admission.running import ADMIN_TOKEN
+from tests.services.admission.running import ADMIN_TOKEN, auth
 from tests.services.console.conftest import ConsoleServer
 from tests.services.ledger.runs import queued_run, terminal_run, usage
+from tollgate.v1 import admin_pb2
 
 PRICES = PriceTable({"*": {"input_tokens": 2, "cached_input_tokens": 1, "output_tokens": 8}})
 
@@ -68,6 +69,16 @@ async def test_runs_are_the_tenants_own_newest_first_with_their_state(
     assert [r["run_id"] for r in first["runs"]] == [newer] and first["next_page_token"]
     rest = await console.json(f"/console/api/runs?page_token={first['next_page_token']}", key)
     assert [r["run_id"] for r in rest["runs"]] == [older] and not rest["next_page_token"]
+
+
+async def test_a_model_scoped_key_lists_only_its_models_runs(console: ConsoleServer) -> None:
+    tenant_id, _ = await console.admission.new_tenant_key("console-scoped")
+    request = admin_pb2.CreateApiKeyRequest(tenant_id=tenant_id, allowed_models=["other"])
+    scoped = await console.admission.admin.CreateApiKey(request, metadata=auth(ADMIN_TOKEN))
+    await queued_run(console.admission.store, tenant_id, model="tiny")
+    mine = await queued_run(console.admission.store, tenant_id, model="other")
+    answer = await console.json("/console/api/runs", scoped.secret)
+    assert [r["run_id"] for r in answer["runs"]] == [mine]
 
 
 @pytest.mark.parametrize(
