@@ -31,7 +31,7 @@ from services.admission.tenant_store import TenantStore
 from services.admission.tracing import generate_span
 from services.core.auth import Principal, authenticate
 from services.core.db import Database
-from services.core.errors import IdempotencyKeyReused
+from services.core.errors import IdempotencyKeyReused, QuotaExceeded
 from services.core.event_store import EventStore, IdempotencyKeyTaken
 from services.core.fleet import FleetView
 from services.core.key_usage import KeyUsage
@@ -132,14 +132,23 @@ class Gateway:
         run_id = f"run_{uuid.uuid4().hex}"
         # Held from here, so that requests racing past `open_streams` are refused before
         # their runs exist; the run's stream claims it (`follow`).
-        self.streams.reserve(tenant_id, await self.stream_limits.get(tenant_id), run_id)
         try:
-            return await self._admit(
+            self.streams.reserve(tenant_id, await self.stream_limits.get(tenant_id), run_id)
+        except QuotaExceeded:
+            existing = await self._existing(tenant_id, params)
+            if existing is None:
+                raise
+            return Started(self._same_request(existing, params))
+        try:
+            started = await self._admit(
                 replace(candidate, admission=await self._prepare(candidate, run_id))
             )
         except BaseException:
             self.streams.release(tenant_id, run_id)
             raise
+        # Its stream follows now, however long admitting took.
+        self.streams.renew(tenant_id, run_id)
+        return started
 
     async def _admit(self, candidate: Candidate) -> Started:
         checks, admission, params = self.checks, candidate.admission, candidate.params
@@ -265,6 +274,7 @@ class Gateway:
         ):
             # `known` holds the `queued` event this replica just stored with its lease.
             async with self.attachments.attached(run_id, leased=bool(known)):
+                last_kind = None
                 async for event in stream_events(
                     self.store,
                     self.feed,
@@ -275,7 +285,10 @@ class Gateway:
                     stopped=lambda: self.key_watch.has_lapsed(credential),
                 ):
                     yield event
-                if credential is not None and self.key_watch.has_lapsed(credential):
+                    last_kind = event.kind
+                # Ended by its key, not by its run: a stream that ran to its end is whole.
+                if last_kind not in stop_kinds and self.key_watch.has_lapsed(credential):
+                    assert credential is not None
                     raise self.key_watch.ended(credential)
 
     async def _cancel_abandoned(self, run_id: str) -> None:

@@ -79,9 +79,18 @@ class StreamCounts:
             raise streams_limited(tenant_id, limit)
 
     def reserve(self, tenant_id: str, limit: int, run_id: str) -> None:
-        """Holds a stream for the run about to be admitted; refused as `check` refuses."""
+        """Holds a stream for the run about to be admitted; refused as `check` refuses. A
+        tenant without a limit holds nothing: there is nothing to race for."""
+        if not limit:
+            return
         self.check(tenant_id, limit)
         self._reserved.setdefault(tenant_id, {})[run_id] = self.clock() + self.reservation_ttl
+
+    def renew(self, tenant_id: str, run_id: str) -> None:
+        """Starts the run's reservation's time again (its run has just been admitted)."""
+        reserved = self._reserved.get(tenant_id, {})
+        if run_id in reserved:
+            reserved[run_id] = self.clock() + self.reservation_ttl
 
     def release(self, tenant_id: str, run_id: str) -> bool:
         """Gives up the run's reservation; whether it had one still."""

@@ -8,6 +8,7 @@ empty, that peer's calls are refused before any key is looked up, until it refil
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,7 +52,8 @@ def peer_host(peer: str) -> str:
     family, sep, rest = peer.partition(":")
     if not sep or family not in ("ipv4", "ipv6"):
         return peer
-    host, _, port = rest.rpartition(":")
+    # gRPC percent-encodes an IPv6 address's brackets: `ipv6:%5B::1%5D:52114`.
+    host, _, port = urllib.parse.unquote(rest).rpartition(":")
     if not host or not port.isdigit():
         return rest
     return host.removeprefix("[").removesuffix("]")

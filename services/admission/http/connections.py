@@ -97,6 +97,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         """Feeds the parser no more of a request's line and headers than the limit."""
         limit = self.limits.max_header_bytes
+        idle = self.cycle is None or self.cycle.response_complete
+        if data and self._in_head and self._deadline is None and idle:
+            # Any byte starts the headers' time, even blank lines, which the parser skips
+            # without beginning a message (and which stop uvicorn's keep-alive timer).
+            self._arm(self.limits.header_timeout)
         while data and not self.transport.is_closing():
             if self._in_head:
                 room = limit - self._num_head_bytes

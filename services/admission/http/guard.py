@@ -4,7 +4,8 @@ answered (401, or 429 past the failed-authentication limit) with no byte of its 
 read; then the body is read, at most `max_body_bytes` of it (413 past that, by its
 `content-length` or as it streams), and their JSON nested deeper than `max_json_depth`
 is refused (400 naming `body`) before a recursive parser sees it. Other routes (the
-console checks its own secrets, and parses no body) meet the same bound on bodies."""
+console checks its own secrets, and parses no body) are refused a body declared over the
+bound, and never have theirs buffered here."""
 
 from __future__ import annotations
 
@@ -57,6 +58,11 @@ class RequestGuard:
         headers = Headers(scope=scope)
         body: bytes | None = None
         is_api = scope["path"].startswith(API_PREFIX)
+        if not is_api and _declared_length(headers) <= self.limits.max_body_bytes:
+            # Not buffered here: no route outside the API reads a body, and what nobody
+            # reads stays in the socket (uvicorn stops reading past its high-water mark).
+            await self.app(scope, receive, send)
+            return
         try:
             if is_api:
                 principal = await scope_principal(self.gateway, scope)

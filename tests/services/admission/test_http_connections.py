@@ -122,6 +122,25 @@ async def test_a_half_sent_request_is_closed_after_its_deadline() -> None:
         writer.close()
 
 
+async def test_blank_lines_after_a_request_do_not_hold_a_connection_open() -> None:
+    limits = replace(QUICK, header_timeout=1.0)
+    async with serving(body_length, limits) as port:
+        reader, writer = await connect(port)
+        writer.write(request("POST", "/", body=b"x").replace(b"close", b"keep-alive"))
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 5)
+        assert line.startswith(b"HTTP/1.1 200"), line
+        started = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - started < 6:
+            # The parser skips blank lines; each stops uvicorn's keep-alive timer.
+            writer.write(b"\r\n")
+            await writer.drain()
+            closed = await _closes(reader, within=0.3)
+        writer.close()
+        assert closed and time.monotonic() - started < 3
+
+
 @pytest.mark.slow
 async def test_a_slow_loris_from_one_address_leaves_other_clients_served(
     admission: Admission,

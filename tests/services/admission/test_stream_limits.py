@@ -33,3 +33,16 @@ def test_a_reservation_counts_until_its_stream_claims_it_or_it_lapses() -> None:
     with streams.held("t", 2, "run_b"):  # a late stream counts as a new one
         assert streams.num_open("t") == 1
     assert streams.release("t", "run_b") is False
+
+
+def test_a_reservation_runs_from_its_runs_admission_and_no_limit_holds_none() -> None:
+    clock = Clock()
+    streams = StreamCounts(reservation_ttl=5.0, clock=clock)
+    streams.reserve("t", 1, "run_slow")
+    clock.now += 4.0  # admitting took long
+    streams.renew("t", "run_slow")
+    clock.now += 4.0
+    assert streams.num_held("t") == 1
+    for i in range(1000):
+        streams.reserve("unlimited", 0, f"run_{i}")
+    assert streams.num_held("unlimited") == 0

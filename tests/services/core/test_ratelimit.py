@@ -32,6 +32,7 @@ def test_peers_are_named_by_address_without_the_port() -> None:
     assert peer_host("10.0.0.7") == "10.0.0.7"
     assert peer_host("::1") == "::1"
     assert peer_host("ipv6:[2001:db8::1]:443") == "2001:db8::1"
+    assert peer_host("ipv6:%5B::1%5D:49880") == "::1"  # as grpcio names an IPv6 peer
 
 
 def test_the_buckets_kept_are_bounded() -> None:
