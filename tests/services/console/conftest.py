@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -15,19 +14,10 @@ from services.admission.http.app import create_app
 from services.admission.http.server import HttpServer
 from services.console import ConsoleSettings, console_router
 from tests.services.admission.conftest import admission
+from tests.services.admission.raw_http import Answer
 from tests.services.admission.running import ADMIN_TOKEN, Admission
 
 __all__ = ["admission"]  # the fixture the console's runs on
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
 
 
 @dataclass
