@@ -31,13 +31,13 @@ from services.admission.tenant_store import TenantStore
 from services.admission.tracing import generate_span
 from services.core.auth import Principal, authenticate
 from services.core.db import Database
-from services.core.errors import IdempotencyKeyReused, QuotaExceeded
+from services.core.errors import ApiError, IdempotencyKeyReused, QuotaExceeded
 from services.core.event_store import EventStore, IdempotencyKeyTaken
 from services.core.fleet import FleetView
 from services.core.key_usage import KeyUsage
 from services.core.pricing import PriceTable
 from services.core.ratelimit import FailedAttempts
-from services.core.runs import ENDED_STATES, RunState, RunView, StoredEvent, is_ended
+from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
 from services.core.telemetry import current_traceparent, get_tracer
 
 log = structlog.get_logger(__name__)
@@ -125,20 +125,14 @@ class Gateway:
         # conflicts on it: new keys, the common case, cost no extra query.
         refused = await checks.first_refusal(checks.on_load, candidate)
         if refused is not None:
-            existing = await self._existing(tenant_id, params)
-            if existing is None:
-                raise refused
-            return Started(self._same_request(existing, params))
+            return await self._earlier_run(tenant_id, params, refused)
         run_id = f"run_{uuid.uuid4().hex}"
         # Held from here, so that requests racing past `open_streams` are refused before
         # their runs exist; the run's stream claims it (`follow`).
         try:
             self.streams.reserve(tenant_id, await self.stream_limits.get(tenant_id), run_id)
-        except QuotaExceeded:
-            existing = await self._existing(tenant_id, params)
-            if existing is None:
-                raise
-            return Started(self._same_request(existing, params))
+        except QuotaExceeded as refused:
+            return await self._earlier_run(tenant_id, params, refused)
         try:
             started = await self._admit(
                 replace(candidate, admission=await self._prepare(candidate, run_id))
@@ -169,9 +163,7 @@ class Gateway:
                 )
             except IdempotencyKeyTaken:
                 self.streams.release(admission.tenant_id, admission.run_id)
-                existing = await self._existing(admission.tenant_id, params)
-                assert existing is not None
-                return Started(self._same_request(existing, params))
+                return await self._earlier_run(admission.tenant_id, params)
         if self.on_queued is not None:
             self.on_queued(admitted)
         ADMITTED.labels(params.model, params.priority).inc()
@@ -225,15 +217,20 @@ class Gateway:
         await self.key_usage.flush_logged(self.db)
         await self.attachments.aclose()
 
-    async def _existing(self, tenant_id: str, params: GenerateParams) -> RunView | None:
-        if not params.idempotency_key:
-            return None
-        return await find_by_idempotency_key(self.db, tenant_id, params.idempotency_key)
-
-    def _same_request(self, existing: RunView, params: GenerateParams) -> str:
+    async def _earlier_run(
+        self, tenant_id: str, params: GenerateParams, refused: ApiError | None = None
+    ) -> Started:
+        """The run this request's idempotency key already names, if it asked the same;
+        with no such run, raises `refused` (None: a key conflict, so the run exists)."""
+        existing = None
+        if params.idempotency_key:
+            existing = await find_by_idempotency_key(self.db, tenant_id, params.idempotency_key)
+        if existing is None:
+            assert refused is not None
+            raise refused
         if existing.request_hash != params.request_hash():
             raise IdempotencyKeyReused(existing.run_id)
-        return existing.run_id
+        return Started(existing.run_id)
 
     async def follow(
         self,

@@ -166,11 +166,6 @@ class HttpApi:
         frames = (sse_frame(event_json(e), e.seq) async for e in events)
         return _sse(frames, run.run_id)
 
-    async def _tenant(self, request: Request) -> str:
-        tenant_id = (await self._principal(request)).tenant_id
-        assert tenant_id is not None
-        return tenant_id
-
     async def _principal(self, request: Request) -> Principal:
         """The caller's key, as `RequestGuard` found it before the body was read."""
         principal = request.scope.get("state", {}).get("principal")
