@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow test-all lint proto sdk dashboard bench clean
+.PHONY: run test test-slow test-all lint proto sdk dashboard bench clean llama-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy engine services tollgate tools
+
+## make llama-server: build llama.cpp's server from source once (about ten minutes on two
+## cores), cached under the user's cache directory; the tests and benchmarks that put
+## Tollgate in front of it use it.
+llama-server: $(STAMP)
+	$(PY) -m tools.llama_server
 
 ## make proto: regenerate tollgate/v1/*_pb2*.py from protos/.
 proto: $(STAMP)

@@ -58,6 +58,17 @@ class EngineFront(ABC):
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._closed = False
+        # Set when the engine went away without being asked to (its process died, its
+        # server stopped answering): the worker settles the runs and starts another.
+        self.lost = asyncio.Event()
+        # The most requests it takes at once, beside its KV blocks; None: blocks alone.
+        self.max_running: int | None = None
+
+    @property
+    def saturated(self) -> bool:
+        """Whether the engine holds back requests it was sent already (a shared server
+        that other clients fill): nothing more should be sent to it meanwhile."""
+        return False
 
     @property
     @abstractmethod

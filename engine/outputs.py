@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from engine.sequence import Sequence
 
-FINISH_REASONS = ("stop", "length", "stop_sequence", "abort")
+FINISH_REASONS = ("stop", "length", "stop_sequence", "abort", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,83 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     metrics: RequestMetrics
+    # Why the request failed, for finish reason "error" (an engine server's answer).
+    error: str = ""
+
+
+@dataclass(slots=True)
+class Progress:
+    """A request's metrics reckoned from its tokens as they arrive (monotonic seconds),
+    for engines that keep none themselves (an engine server, the simulated engine): its
+    KV blocks are its prompt and output so far in blocks of `block_size`, held from its
+    arrival to its end."""
+
+    num_prompt_tokens: int
+    block_size: int
+    arrival: float
+    num_cached: int = 0
+    num_output: int = 0
+    first_token: float | None = None
+    last_token: float | None = None
+    itl_sum: float = 0.0
+    itl_max: float = 0.0
+    # KV blocks held since `held_since`, and what they add up to before it.
+    held_since: float = 0.0
+    kv_block_seconds: float = 0.0
+    kv_blocks_peak: int = 0
+
+    def blocks(self) -> int:
+        return -(-(self.num_prompt_tokens + self.num_output) // self.block_size)
+
+    def advance(self, now: float, num_new: int) -> None:
+        self.kv_block_seconds += self.blocks() * (now - self.held_since)
+        self.held_since = now
+        if num_new:
+            if self.last_token is not None:
+                gap = now - self.last_token
+                self.itl_sum += gap
+                self.itl_max = max(self.itl_max, gap)
+            self.first_token = self.first_token if self.first_token is not None else now
+            self.last_token = now
+            self.num_output += num_new
+        self.kv_blocks_peak = max(self.kv_blocks_peak, self.blocks())
+
+    def output(
+        self,
+        now: float,
+        request_id: str,
+        token_ids: tuple[int, ...] = (),
+        text: str = "",
+        finish_reason: str | None = None,
+        error: str = "",
+    ) -> RequestOutput:
+        """The request's output for the tokens that arrived at `now`."""
+        self.advance(now, len(token_ids))
+        return RequestOutput(
+            request_id=request_id,
+            new_token_ids=token_ids,
+            text_delta=text,
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+            metrics=self.metrics(),
+            error=error,
+        )
+
+    def metrics(self) -> RequestMetrics:
+        gaps = self.num_output - 1
+        return RequestMetrics(
+            arrival_time=self.arrival,
+            queue_time=None,
+            ttft=None if self.first_token is None else self.first_token - self.arrival,
+            itl_mean=self.itl_sum / gaps if gaps > 0 else None,
+            itl_max=self.itl_max if gaps > 0 else None,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_prompt_tokens=self.num_cached,
+            num_output_tokens=self.num_output,
+            kv_blocks_peak=self.kv_blocks_peak,
+            kv_block_seconds=self.kv_block_seconds,
+            num_preemptions=0,
+        )
 
 
 def metrics_of(seq: Sequence) -> RequestMetrics:

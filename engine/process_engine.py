@@ -53,8 +53,6 @@ class ProcessEngine(EngineFront):
         super().__init__(on_step)
         self.limits = limits
         self._free_blocks = limits.num_total_blocks
-        # Set when the child stopped without being asked to (it died, or its loop failed).
-        self.lost = asyncio.Event()
         self._process = process
         self._conn = conn
         self._loop = asyncio.get_running_loop()

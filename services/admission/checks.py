@@ -11,7 +11,8 @@ the limit at fault) or None. The stages run in this order, cheapest first:
    `Gateway.start` reserves the run's stream, refusing as `open_streams` does, so that
    requests racing past that check are refused before their runs exist.
 3. `on_tokens`: the prompt once tokenized: the model's context and vocabulary, the
-   largest worker serving the model, the size of the `queued` event.
+   largest worker serving the model, the parameters its engines honour, the size of the
+   `queued` event.
 4. `on_hold`: the tenant's and the key's quotas, read under the tenant's row lock in the
    transaction that stores the run and reserves what it may use (`admit.py`).
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from engine.dialects import unsupported
 from services.admission.admit import Admission, Held
 from services.admission.backpressure import (
     QueueBounds,
@@ -99,6 +101,7 @@ class Checks:
             self.context_length,
             self.vocabulary,
             self.largest_worker,
+            self.engine_params,
             self.event_size,
         )
         self.on_hold: tuple[Check, ...] = (self.run_size, self.quotas)
@@ -181,6 +184,20 @@ class Checks:
             f"{largest} tokens the largest worker serving {model} can hold"
         )
         return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
+
+    async def engine_params(self, run: Candidate) -> ApiError | None:
+        """A sampling parameter that no engine serving the model can honour (an OpenAI
+        server has no top_k) is refused rather than ignored."""
+        if self.fleet is None:
+            return None
+        entry = self.catalog.get(run.params.model)
+        kinds = self.fleet().engine_kinds(entry.parent or entry.name)
+        sampling = run.params.sampling.payload()
+        found = [unsupported(kind, sampling) for kind in kinds]
+        if not kinds or not all(found):
+            return None
+        name, why = found[0]  # type: ignore[misc]
+        return InvalidArgument([FieldViolation(f"sampling.{name}", f"{why}; leave it unset")])
 
     async def event_size(self, run: Candidate) -> ApiError | None:
         """The `queued` event as published must stay well under the broker's message limit:

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from engine.adapters import read_adapter_config
+from engine.dialects import KINDS as REMOTE_KINDS
 from engine.errors import EngineError
 from engine.model_dirs.fetch import FetchError, resolve_model
 from services.core.db import open_db
@@ -30,6 +31,7 @@ from services.stack.launcher import (
 )
 from services.stack.server_process import InfraError
 from services.stack.supervisor import Supervisor
+from services.worker.engines import BUILTIN, ENGINE_KINDS
 
 DEFAULT_DATA_DIR = Path(".tollgate/stack")
 STACK_FILE = "stack.json"
@@ -64,6 +66,19 @@ def register(subparsers: Any) -> None:
         " (repeatable)",
     )
     up.add_argument(
+        "--engine-kind",
+        choices=ENGINE_KINDS,
+        default=BUILTIN,
+        help="what serves the tokens: the built-in engine, an engine server at --engine-url"
+        " (vllm, sglang, llama-server, openai) or a simulated engine (sim) (default: builtin)",
+    )
+    up.add_argument("--engine-url", default="", help="the engine server's base URL")
+    up.add_argument(
+        "--engine-model",
+        default="",
+        help="the model's name on the engine server (default: the name clients use)",
+    )
+    up.add_argument(
         "--kv-blocks", type=int, default=512, help="KV cache blocks of the worker (default: 512)"
     )
     up.add_argument(
@@ -91,6 +106,16 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     up.set_defaults(func=up_command)
+
+
+def engine_env(args: argparse.Namespace) -> dict[str, str]:
+    """The workers' TOLLGATE_ENGINE_* variables for --engine-kind and its companions."""
+    env = {"TOLLGATE_ENGINE_KIND": args.engine_kind}
+    if args.engine_url:
+        env["TOLLGATE_ENGINE_URL"] = args.engine_url
+    if args.engine_model:
+        env["TOLLGATE_ENGINE_MODEL"] = args.engine_model
+    return env
 
 
 def _replicas(text: str) -> dict[str, int]:
@@ -147,6 +172,9 @@ def up_command(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stopping.set())
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
+    if (args.engine_kind in REMOTE_KINDS) != bool(args.engine_url):
+        log.error("--engine-url goes with --engine-kind vllm, sglang, llama-server or openai")
+        return 2
     try:
         model_name, model_dir = ensure_model(args, data_dir)
         adapters = served_adapters(args, model_name)
@@ -164,6 +192,7 @@ def up_command(args: argparse.Namespace) -> int:
                 adapters=adapters,
                 admin_token=secrets.token_urlsafe(24),
                 num_kv_blocks=args.kv_blocks,
+                engine_env=engine_env(args),
                 gateway_listen=f"127.0.0.1:{args.port}",
                 http_listen=f"127.0.0.1:{args.http_port}",
                 tls_cert=args.tls_cert.resolve() if args.tls_cert else None,
@@ -187,6 +216,7 @@ def up_command(args: argparse.Namespace) -> int:
                     "model": model_name,
                     "model_dir": str(model_dir),
                     "adapters": {name: str(path) for name, path in adapters.items()},
+                    "engine": {"kind": args.engine_kind, "url": args.engine_url},
                 }
                 write_stack_file(path, stack)
 

@@ -22,6 +22,7 @@ class WorkerLoad:
     alive: bool
     draining: bool
     suspect: bool
+    engine_kind: str = ""  # what serves its tokens; "" = not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,13 @@ class FleetView:
 
     def num_queued(self, priority: str) -> int:
         return self.num_batch if priority == BATCH else self.num_interactive
+
+    def engine_kinds(self, model: str) -> frozenset[str]:
+        """What serves the tokens of the live workers whose base model is `model`, as far
+        as they said."""
+        return frozenset(
+            w.engine_kind for w in self.workers if w.alive and w.model == model and w.engine_kind
+        )
 
     def free_kv(self, priority: str) -> float | None:
         """Free blocks less those queued ahead of a new run of `priority`, as a fraction

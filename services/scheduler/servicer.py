@@ -70,6 +70,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 time.monotonic(),
                 request.boot_id,
                 request.adapters,
+                request.engine_kind,
             )
         except WorkerIdTaken as taken:
             raise FailedPrecondition(

@@ -193,4 +193,5 @@ def _load(worker: Worker, num_running: int) -> WorkerLoad:
         alive=worker.alive,
         draining=worker.draining,
         suspect=worker.suspect,
+        engine_kind=worker.engine_kind,
     )

@@ -81,6 +81,7 @@ def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
         block_size=status.block_size,
         draining=status.draining,
         boot_id=status.boot_id,
+        engine_kind=status.engine_kind,
     )
 
 

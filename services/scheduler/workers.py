@@ -38,6 +38,7 @@ class WorkerReport:
     block_size: int | None = None
     draining: bool = False
     boot_id: str = ""  # "": not reported
+    engine_kind: str = ""  # "": not reported
 
 
 @dataclass(slots=True)
@@ -59,6 +60,8 @@ class Worker:
     # When `running_run_ids` were last reported (monotonic seconds; 0: never).
     reported_at: float = 0.0
     boot_id: str = ""
+    # What serves its tokens (WorkerStatus.engine_kind); "": not reported.
+    engine_kind: str = ""
     # Runs reserved here that no report has listed yet: their blocks, and when reserved.
     held: dict[str, tuple[int, float]] = field(default_factory=dict)
 
@@ -113,6 +116,7 @@ class WorkerRegistry:
         now: float,
         boot_id: str = "",
         adapters: Iterable[str] = (),
+        engine_kind: str = "",
     ) -> None:
         """Adds or renews `worker_id` at `address`; raises WorkerIdTaken (see above)."""
         worker = self._workers.get(worker_id)
@@ -123,6 +127,7 @@ class WorkerRegistry:
         worker.address = address
         worker.model = model
         worker.adapters = frozenset(adapters)
+        worker.engine_kind = engine_kind
         self._boot(worker, boot_id)
         # Free blocks stay unknown (0) until the first heartbeat or status.
         self._see(worker, now)
@@ -162,6 +167,8 @@ class WorkerRegistry:
             worker.model = report.model
         if report.adapters is not None:
             worker.adapters = report.adapters
+        if report.engine_kind:
+            worker.engine_kind = report.engine_kind
         if report.num_total_blocks is not None:
             worker.num_total_blocks = report.num_total_blocks
         if report.block_size is not None:

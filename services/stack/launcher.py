@@ -81,6 +81,9 @@ class StackConfig:
     # What every internal call carries (TOLLGATE_INTERNAL_TOKEN); new for each stack.
     internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # The workers' TOLLGATE_ENGINE_* variables (which engine serves the tokens); none: the
+    # built-in engine.
+    engine_env: Mapping[str, str] = field(default_factory=dict)
     # PEM files of the public ports' TLS certificate and key; none: plaintext.
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -295,7 +298,11 @@ class Services:
     def worker_env(self) -> dict[str, str]:
         # An empty TOLLGATE_WORKER_ID, whatever the caller's: each worker process names
         # itself uniquely.
-        env = {"TOLLGATE_WORKER_ID": "", "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks)}
+        env = {
+            "TOLLGATE_WORKER_ID": "",
+            "TOLLGATE_KV_BLOCKS": str(self.config.num_kv_blocks),
+            **self.config.engine_env,
+        }
         chosen = any(
             name in os.environ or name in self.config.extra_env for name in THREAD_VARIABLES
         )

@@ -6,7 +6,6 @@ import asyncio
 import os
 import secrets
 import socket
-from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import grpc
@@ -14,7 +13,6 @@ import structlog
 import torch
 
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
-from engine.process_engine import ProcessEngine
 from services.core.config import (
     CommonSettings,
     ConfigError,
@@ -32,6 +30,7 @@ from services.core.metrics import start_metrics
 from services.core.server import bound_address, create_server, serve, set_serving
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
+from services.worker.engines import EngineSettings, engine_starter
 from services.worker.runs import AssignedRun
 from services.worker.servicer import WorkerServicer
 from services.worker.supervisor import EngineSupervisor
@@ -51,6 +50,8 @@ class WorkerSettings:
     model_name: str
     model_dir: str
     engine: EngineConfig
+    # Which engine serves the tokens: the built-in one, an engine server, or the simulated one.
+    backend: EngineSettings
     # Every scheduler replica's host:port (comma-separated): the worker registers with each.
     scheduler_address: str
     drain_seconds: int
@@ -84,6 +85,7 @@ class WorkerSettings:
                     env_int("TOLLGATE_ENGINE_THREADS", 0), env_int("TOLLGATE_RESERVED_CORES", 0)
                 ),
             ),
+            backend=EngineSettings.from_env(),
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
             events_per_second=env_float("TOLLGATE_STREAM_EVENTS_PER_S", 100.0),
@@ -157,6 +159,7 @@ async def heartbeat(
                         model=core.model,
                         boot_id=core.boot_id,
                         adapters=core.adapters,
+                        engine_kind=core.engine_kind,
                     ),
                     timeout=2.0,
                 )
@@ -210,11 +213,14 @@ async def main(settings: WorkerSettings) -> None:
         events_per_second=settings.events_per_second,
     )
 
-    def start_engine() -> Awaitable[ProcessEngine]:
-        return ProcessEngine.start(
-            settings.model_dir, settings.engine, appender.on_step, niceness=settings.engine_niceness
-        )
-
+    start_engine = engine_starter(
+        settings.backend,
+        settings.model_name,
+        settings.model_dir,
+        settings.engine,
+        appender.on_step,
+        niceness=settings.engine_niceness,
+    )
     engine = await start_engine()
     core = WorkerCore(
         settings.worker_id,
@@ -225,6 +231,7 @@ async def main(settings: WorkerSettings) -> None:
         runs,
         drop_run=appender.drop,
         adapters=[name for name, _ in settings.engine.adapters],
+        engine_kind=settings.backend.kind,
     )
 
     def add_servicers(server: grpc.aio.Server) -> None:
@@ -269,6 +276,7 @@ async def main(settings: WorkerSettings) -> None:
         metrics_port=metrics_port,
         model=settings.model_name,
         adapters=core.adapters,
+        engine=settings.backend.kind,
     )
     try:
         await serve(

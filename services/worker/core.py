@@ -48,6 +48,7 @@ class Status:
     running_run_ids: list[str]
     draining: bool
     boot_id: str
+    engine_kind: str
 
 
 class WorkerCore:
@@ -61,6 +62,7 @@ class WorkerCore:
         runs: dict[str, AssignedRun] | None = None,
         drop_run: Callable[[str], None] | None = None,
         adapters: Sequence[str] = (),
+        engine_kind: str = "builtin",
     ) -> None:
         """`start_run` appends a newly assigned run's `prefill` (the StepAppender's start);
         `drop_run` stops a run without appending anything more for it (its `drop`).
@@ -69,6 +71,7 @@ class WorkerCore:
         self.worker_id = worker_id
         self.model = model
         self.adapters = list(adapters)
+        self.engine_kind = engine_kind
         self.engine = engine
         self.store = store
         self.start_run = start_run
@@ -102,6 +105,8 @@ class WorkerCore:
         )
         if needed > self.num_free_blocks:
             raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
+        if self.is_full:
+            raise ResourceExhausted("the engine runs as many runs as it takes")
         span, traceparent = start_run_span(
             assignment.run_id,
             assignment.tenant_id,
@@ -187,6 +192,13 @@ class WorkerCore:
         reserved = sum(run.num_kv_blocks for run in self.runs.values())
         return self.engine.limits.num_total_blocks - reserved
 
+    @property
+    def is_full(self) -> bool:
+        """Whether the engine takes no run more whatever its blocks: it runs its most
+        runs, or (an engine server others share) it holds back requests already."""
+        limit = self.engine.max_running
+        return (limit is not None and len(self.runs) >= limit) or self.engine.saturated
+
     def status(self) -> Status:
         """What the scheduler reads: a worker without an engine has no room and says it is
         draining, so that nothing is dispatched to it until its new engine is ready."""
@@ -202,10 +214,11 @@ class WorkerCore:
             worker_id=self.worker_id,
             model=self.model,
             adapters=self.adapters,
-            num_free_blocks=self.num_free_blocks if self.engine_ready else 0,
+            num_free_blocks=self.num_free_blocks if self.engine_ready and not self.is_full else 0,
             num_total_blocks=limits.num_total_blocks,
             block_size=limits.block_size,
             running_run_ids=sorted(self.runs),
             draining=self.draining or not self.engine_ready,
             boot_id=self.boot_id,
+            engine_kind=self.engine_kind,
         )

@@ -87,7 +87,7 @@ def terminal_event(run: AssignedRun, output: RequestOutput) -> NewEvent:
         RunState.FAILED,
         {
             "code": "ENGINE_ERROR",
-            "message": f"finish reason {output.finish_reason}",
+            "message": output.error or f"finish reason {output.finish_reason}",
             "usage": usage,
         },
     )

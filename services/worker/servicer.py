@@ -81,6 +81,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             worker_id=status.worker_id,
             model=status.model,
             adapters=status.adapters,
+            engine_kind=status.engine_kind,
             num_free_blocks=status.num_free_blocks,
             num_total_blocks=status.num_total_blocks,
             block_size=status.block_size,

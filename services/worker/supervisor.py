@@ -1,5 +1,6 @@
-"""Keeps an engine under the worker: when the engine's child process dies, the runs it held
-are settled, a new engine is started, and the worker takes runs again once it is ready.
+"""Keeps an engine under the worker: when the engine is lost (its child process died, its
+server stopped answering), the runs it held are settled, a new engine is started (for a
+server: once it answers again), and the worker takes runs again once it is ready.
 
 While there is no engine the worker reports no room and `draining`, and refuses
 assignments, so the scheduler sends its runs elsewhere. The runs of the dead engine are
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from engine.process_engine import ProcessEngine
+from engine.front import EngineFront
 from services.core.event_store import ConcurrencyConflict, EventStore
 from services.core.runs import EventStoreError
 from services.core.telemetry import bound_log_context
@@ -28,7 +29,7 @@ from services.worker.runs import AssignedRun, engine_lost_events
 
 log = structlog.get_logger(__name__)
 
-StartEngine = Callable[[], Awaitable[ProcessEngine]]
+StartEngine = Callable[[], Awaitable[EngineFront]]
 OnReady = Callable[[bool], Awaitable[None]]
 
 # Tries to settle a run that others append to meanwhile (a cancel): each re-reads it.
@@ -47,7 +48,7 @@ class EngineSupervisor:
         core: WorkerCore,
         appender: StepAppender,
         store: EventStore,
-        engine: ProcessEngine,
+        engine: EngineFront,
         start_engine: StartEngine,
         *,
         on_ready: OnReady = _no_health,
@@ -69,7 +70,7 @@ class EngineSupervisor:
 
     async def replace(self) -> None:
         ENGINE_RESTARTS.inc()
-        log.error("the engine process is gone; starting a new one", num_runs=len(self.core.runs))
+        log.error("the engine is gone; starting a new one", num_runs=len(self.core.runs))
         self.core.engine_ready = False
         await self.on_ready(False)
         # What the engine delivered before it died is stored first, so that a run's

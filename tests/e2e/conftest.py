@@ -74,6 +74,7 @@ def running_stack(
     replicas: Mapping[str, int] | None = None,
     tls: tuple[Path, Path] | None = None,
     adapters: Mapping[str, Path] | None = None,
+    model_name: str = "tiny",
 ) -> Iterator[tuple[Stack, Services]]:
     """The four services on a database and a topic of their own; stopped on the way out.
     `adapters` (name -> PEFT directory for the tiny model) go to the worker and admission."""
@@ -84,7 +85,7 @@ def running_stack(
     config = StackConfig(
         database_url=database_url,
         kafka_bootstrap=infra.kafka_bootstrap,
-        model_name="tiny",
+        model_name=model_name,
         model_dir=model_dir,
         admin_token=ADMIN_TOKEN,
         internal_token=INTERNAL_TOKEN,

@@ -6,12 +6,15 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from services.stack.flaky_link import FlakyLink
-from tests.e2e.conftest import INTERNAL, NUM_KV_BLOCKS, Stack
+from services.stack.infra import Endpoints
+from tests.e2e.conftest import INTERNAL, NUM_KV_BLOCKS, Stack, running_stack
 from tollgate import Client
 from tollgate.errors import (
     IdempotencyKeyReusedError,
@@ -22,6 +25,17 @@ from tollgate.errors import (
 from tollgate.v1 import worker_pb2, worker_pb2_grpc
 
 MODEL = "tiny"
+
+
+@pytest.fixture(scope="module", params=["builtin", "sim"])
+def stack(
+    request: pytest.FixtureRequest, infra: Endpoints, template_database: str, tiny_model_dir: Path
+) -> Iterator[Stack]:
+    """The suite runs on the built-in engine and again on the simulated one, the engine
+    behind the worker being all that differs."""
+    engine = {"TOLLGATE_ENGINE_KIND": request.param}
+    with running_stack(infra, template_database, tiny_model_dir, engine) as (stack, _):
+        yield stack
 
 
 def wait_for_state(client: Client, run_id: str, states: set[str], timeout: float = 30) -> str:

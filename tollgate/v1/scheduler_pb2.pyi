@@ -45,7 +45,7 @@ class QueueStats(_message.Message):
     def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ..., num_total_blocks: _Optional[int] = ..., num_queued_interactive_blocks: _Optional[int] = ..., num_queued_batch_blocks: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect")
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect", "engine_kind")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class WorkerLoad(_message.Message):
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KIND_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     num_free_blocks: int
@@ -62,21 +63,24 @@ class WorkerLoad(_message.Message):
     alive: bool
     draining: bool
     suspect: bool
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ...) -> None: ...
+    engine_kind: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ..., engine_kind: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "boot_id", "adapters")
+    __slots__ = ("worker_id", "address", "model", "boot_id", "adapters", "engine_kind")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KIND_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
     boot_id: str
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    engine_kind: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ..., engine_kind: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_seconds",)

@@ -56,7 +56,7 @@ class GetWorkerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "block_size", "running_run_ids", "draining", "boot_id", "adapters")
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "block_size", "running_run_ids", "draining", "boot_id", "adapters", "engine_kind")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class WorkerStatus(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KIND_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     num_free_blocks: int
@@ -75,4 +76,5 @@ class WorkerStatus(_message.Message):
     draining: bool
     boot_id: str
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    engine_kind: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ..., engine_kind: _Optional[str] = ...) -> None: ...

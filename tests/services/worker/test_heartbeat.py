@@ -38,13 +38,13 @@ class RecordingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
 class FakeCore:
     """What the heartbeat reads of a worker: its identity and its room."""
 
-    worker_id, model, boot_id, adapters = "w-1", "tiny", "boot-1", []
+    worker_id, model, boot_id, adapters, engine_kind = "w-1", "tiny", "boot-1", [], "builtin"
 
     def __init__(self) -> None:
         self.free = 10
 
     def status(self) -> Status:
-        return Status("w-1", "tiny", [], self.free, 10, 4, [], False, "boot-1")
+        return Status("w-1", "tiny", [], self.free, 10, 4, [], False, "boot-1", "builtin")
 
 
 @pytest.fixture
