@@ -200,14 +200,18 @@ class RemoteEngine(EngineFront):
         except asyncio.CancelledError:
             if request_id not in self._aborted:
                 raise
-            self._aborted.discard(request_id)
             self._finish(request_id, progress, "abort")
         except (MalformedChunk, RequestError) as error:
             log.warning("engine server answered a run wrongly", run_id=request_id, error=str(error))
             self._finish(request_id, progress, "error", str(error))
         except (aiohttp.ClientError, TimeoutError, ServerGone, OSError) as error:
-            self._lose(request_id, error)
+            # The HTTP client may turn the cancel of an abort into a timeout of its own.
+            if request_id in self._aborted:
+                self._finish(request_id, progress, "abort")
+            else:
+                self._lose(request_id, error)
         finally:
+            self._aborted.discard(request_id)
             self._progress.pop(request_id, None)
 
     async def _stream(self, request_id: str, request: Request, progress: Progress) -> None:
@@ -224,9 +228,8 @@ class RemoteEngine(EngineFront):
             # The chunk that ends the run, held until the usage chunk after it (`[DONE]`).
             last: Delta | None = None
             while True:
-                line = await asyncio.wait_for(
-                    response.content.readline(), timeout=self.config.chunk_timeout
-                )
+                async with asyncio.timeout(self.config.chunk_timeout):
+                    line = await response.content.readline()
                 if not line:
                     if last is not None:
                         break  # the usage chunk and `[DONE]` are the server's to send

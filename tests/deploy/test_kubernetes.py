@@ -34,7 +34,7 @@ def render(directory: Path) -> list[Manifest]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.fixture(scope="module", params=["base", "production"])
+@pytest.fixture(scope="module", params=["base", "production", "vllm"])
 def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     if request.param == "base":
         return render(KUBERNETES / "base")
@@ -45,7 +45,7 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     filled = example.replace("TOLLGATE_ADMIN_TOKEN=", "TOLLGATE_ADMIN_TOKEN=test-admin")
     filled = filled.replace("TOLLGATE_INTERNAL_TOKEN=", "TOLLGATE_INTERNAL_TOKEN=test-internal")
     (copy / "production" / "secrets.env").write_text(filled)
-    return render(copy / "production")
+    return render(copy / request.param)
 
 
 def of_kind(manifests: list[Manifest], kind: str) -> dict[str, Manifest]:
@@ -111,12 +111,18 @@ def test_every_object_matches_the_kubernetes_schema(rendered: list[Manifest]) ->
             pytest.fail(f"{name}: {error.message}")
 
 
-def test_the_objects(rendered: list[Manifest]) -> None:
-    assert set(of_kind(rendered, "Deployment")) == {f"tollgate-{s}" for s in SERVICES}
+def test_the_objects(rendered: list[Manifest], request: pytest.FixtureRequest) -> None:
+    # The vllm overlay adds the engine server the workers drive.
+    engine = {"tollgate-vllm"} if request.node.callspec.params["rendered"] == "vllm" else set()
+    assert set(of_kind(rendered, "Deployment")) == {f"tollgate-{s}" for s in SERVICES} | engine
     assert {"tollgate-migrate", "tollgate-topics"} <= set(of_kind(rendered, "Job"))
     assert set(of_kind(rendered, "Service")) == {
         "tollgate-admission", "tollgate-scheduler", "tollgate-ledger",
-    }  # fmt: skip
+    } | engine  # fmt: skip
+    if engine:
+        worker = {e["name"]: e.get("value") for e in main_container(rendered, "worker")["env"]}
+        assert worker["TOLLGATE_ENGINE_KIND"] == "vllm"
+        assert worker["TOLLGATE_ENGINE_URL"] == "http://tollgate-vllm:8000"
     for service in SERVICES:
         assert service_of(main_container(rendered, service)) == service
         assert (ROOT / "services" / service / "__main__.py").exists()

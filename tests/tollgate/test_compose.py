@@ -16,8 +16,10 @@ from tollgate.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLLGATE_SERVICES = ("admission", "scheduler", "worker", "ledger")
-ONE_SHOTS = ("migrate", "topics", "model")
+ONE_SHOTS = ("migrate", "topics", "model", "model-vllm")
 MONITORING = ("prometheus", "grafana")
+# The `gpu` profile: vLLM, a worker driving it, and an admission that serves its model.
+GPU = ("vllm", "worker-vllm", "admission-vllm")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,14 @@ def test_the_spec_parser_rejects_what_compose_would() -> None:
 
 
 def test_the_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"postgres", "kafka", *ONE_SHOTS, *TOLLGATE_SERVICES, *MONITORING}
+    assert set(services) == {
+        "postgres", "kafka", *ONE_SHOTS, *TOLLGATE_SERVICES, *MONITORING, *GPU
+    }  # fmt: skip
+    for name in GPU:
+        assert services[name]["profiles"] == ["gpu"], name
+    worker = env(services["worker-vllm"])
+    assert worker["TOLLGATE_ENGINE_KIND"] == "vllm"
+    assert worker["TOLLGATE_ENGINE_URL"] == "http://vllm:8000"
     assert services["postgres"]["image"] == "postgres:17"
     assert services["kafka"]["image"].startswith("apache/kafka:")
     for name in (*ONE_SHOTS, *TOLLGATE_SERVICES):

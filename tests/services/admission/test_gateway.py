@@ -21,7 +21,7 @@ from services.admission.requests import GenerateParams, Limits, Sampling
 from services.admission.scheduler_client import hinted_run
 from services.admission.stream import RunFeed
 from services.core.errors import InvalidArgument, QuotaExceeded, Unavailable
-from services.core.fleet import FleetView
+from services.core.fleet import FleetView, WorkerLoad
 from services.core.runs import RunState
 from services.scheduler.scheduler_store import SchedulerStore
 from services.scheduler.servicer import run_from_hint
@@ -373,6 +373,29 @@ async def test_a_run_larger_than_every_live_pool_for_its_model_is_refused(
     await gateway.start(tenant_id, params("small"))  # 4 tokens fit
     view = FleetView()  # the fleet's pools unknown: nothing is refused for them
     await gateway.start(tenant_id, large)
+    assert await count_runs(admission) == 2
+
+
+async def test_a_parameter_no_engine_of_the_model_honours_is_refused_naming_it(
+    admission: Admission, tiny_model_dir: Path
+) -> None:
+    tenant_id, _ = await admission.new_tenant_key("engines")
+
+    def worker(kind: str, alive: bool = True) -> WorkerLoad:
+        return WorkerLoad(f"w-{kind}", MODEL, 10, 10, 0, alive, False, False, kind)
+
+    view = FleetView(workers=(worker("openai"), worker("vllm", alive=False)))
+    gateway = direct_gateway(admission, tiny_model_dir, fleet=lambda: view)
+    top_k = GenerateParams(
+        MODEL, "hello", (), Sampling(max_tokens=4, top_k=5), "interactive", "k", 60
+    )
+    with pytest.raises(InvalidArgument) as refused:
+        await gateway.start(tenant_id, top_k)
+    [violation] = refused.value.violations
+    assert violation.field == "sampling.top_k" and "no top_k" in violation.description
+    await gateway.start(tenant_id, params("plain"))  # nothing unusual: admitted
+    view = FleetView(workers=(worker("openai"), worker("vllm")))  # one live engine honours it
+    await gateway.start(tenant_id, top_k)
     assert await count_runs(admission) == 2
 
 

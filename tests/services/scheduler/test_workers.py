@@ -125,3 +125,13 @@ def test_a_status_report_updates_the_adapters_served() -> None:
     assert registry.choose(1, "tiny-sql") is not None  # not reported: unchanged
     registry.observe("w1", WorkerReport(num_free_blocks=5, adapters=frozenset()), now=2)
     assert registry.choose(1, "tiny-sql") is None
+
+
+def test_what_serves_a_workers_tokens_is_what_it_said_last() -> None:
+    registry = WorkerRegistry()
+    registry.register("w1", "h:1", "tiny", now=0, engine_kind="vllm")
+    assert registry.get("w1").engine_kind == "vllm"  # type: ignore[union-attr]
+    registry.observe("w1", WorkerReport(num_free_blocks=4, engine_kind="sim"), now=1)
+    assert registry.get("w1").engine_kind == "sim"  # type: ignore[union-attr]
+    registry.observe("w1", WorkerReport(num_free_blocks=4), now=2)  # an older worker: unsaid
+    assert registry.get("w1").engine_kind == "sim"  # type: ignore[union-attr]
