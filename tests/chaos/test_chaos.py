@@ -13,7 +13,7 @@ import pytest
 from tests.chaos.__main__ import chaos
 from tests.chaos.faults import ALL_KINDS
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(540)]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def phase(result: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("name", ["single", "replicas"])
+@pytest.mark.parametrize("name", ["single", "replicas", "sim"])
 def test_kills_of_every_process_leave_no_run_stuck_and_no_invariant_broken(
     result: dict[str, Any], name: str
 ) -> None:
@@ -40,6 +40,7 @@ def test_kills_of_every_process_leave_no_run_stuck_and_no_invariant_broken(
 
 def test_every_kind_of_process_was_killed(result: dict[str, Any]) -> None:
     assert set(phase(result, "single")["kills"]) == set(ALL_KINDS)
+    assert set(phase(result, "sim")["kills"]) == set(ALL_KINDS) - {"engine"}
 
 
 def test_a_partitioned_worker_is_taken_over_and_fenced(result: dict[str, Any]) -> None:

@@ -124,6 +124,34 @@ def test_tollgate_up_serves_describes_itself_and_stops_cleanly(tmp_path: Path) -
     assert stack["gateway"] in printed
 
 
+def test_tollgate_up_puts_the_engine_it_is_given_behind_the_workers(tmp_path: Path) -> None:
+    stack_file = tmp_path / "stack" / "stack.json"
+    with start_up(tmp_path, "--port", "0", "--http-port", "0", "--engine-kind", "sim") as process:
+        try:
+            wait_for_file_content(stack_file, process)
+            stack: dict[str, Any] = json.loads(stack_file.read_text())
+            assert stack["engine"] == {"kind": "sim", "url": ""}
+            [worker] = stack["services"]["worker"]
+            assert psutil.Process(worker["pid"]).environ()["TOLLGATE_ENGINE_KIND"] == "sim"
+            client = Client(stack["gateway"], stack["api_key"])
+            events = list(client.generate("simulated", model="tiny", max_tokens=8))
+            assert [e.kind for e in events][-2:] == ["completed", "billed"]
+            assert sum(len(e.token_ids) for e in events) == 8
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(90) == 0
+
+
+def test_an_engine_url_and_a_remote_kind_go_together(tmp_path: Path) -> None:
+    for flags in (("--engine-kind", "vllm"), ("--engine-url", "http://127.0.0.1:9")):
+        with start_up(tmp_path, *flags) as process:
+            assert process.wait(60) == 2
+        assert (
+            "--engine-url goes with --engine-kind"
+            in (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+        )
+
+
 def test_the_demo_streams_resumes_cancels_and_prints_the_ledger(tmp_path: Path) -> None:
     demo = subprocess.run(
         [

@@ -21,6 +21,9 @@ def worker_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         "TOLLGATE_ENGINE_THREADS",
         "TOLLGATE_RESERVED_CORES",
         "TOLLGATE_ENGINE_NICE",
+        "TOLLGATE_ENGINE_KIND",
+        "TOLLGATE_ENGINE_URL",
+        "TOLLGATE_ENGINE_MAX_RUNS",
     ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
@@ -98,3 +101,35 @@ def test_a_worker_on_a_wildcard_address_advertises_its_hosts_own() -> None:
     assert advertised_address("127.0.0.1:5000") == "127.0.0.1:5000"
     own = socket.gethostbyname(socket.gethostname())
     assert advertised_address("0.0.0.0:5000") == f"{own}:5000"
+
+
+def test_the_engine_is_built_in_unless_an_engine_server_or_the_simulation_is_named(
+    worker_env: pytest.MonkeyPatch,
+) -> None:
+    assert WorkerSettings.from_env().backend.kind == "builtin"
+    worker_env.setenv("TOLLGATE_ENGINE_KIND", "vllm")
+    worker_env.setenv("TOLLGATE_ENGINE_URL", "http://vllm:8000")
+    backend = WorkerSettings.from_env().backend
+    assert backend.is_remote and backend.url == "http://vllm:8000" and backend.max_running == 16
+    worker_env.setenv("TOLLGATE_ENGINE_KIND", "sim")
+    worker_env.delenv("TOLLGATE_ENGINE_URL")
+    assert WorkerSettings.from_env().backend.max_running == 256
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"TOLLGATE_ENGINE_KIND": "tgi"}, "TOLLGATE_ENGINE_KIND"),
+        ({"TOLLGATE_ENGINE_KIND": "vllm"}, "TOLLGATE_ENGINE_URL"),
+        ({"TOLLGATE_ENGINE_URL": "http://vllm:8000"}, "TOLLGATE_ENGINE_KIND"),
+        ({"TOLLGATE_ENGINE_KIND": "sim", "TOLLGATE_ENGINE_MAX_RUNS": "0"}, "MAX_RUNS"),
+        ({"TOLLGATE_ENGINE_KIND": "sim", "TOLLGATE_ENGINE_CACHE_PROMPT": "yes"}, "CACHE_PROMPT"),
+    ],
+)
+def test_a_bad_engine_setting_names_its_variable(
+    worker_env: pytest.MonkeyPatch, variables: dict[str, str], named: str
+) -> None:
+    for name, value in variables.items():
+        worker_env.setenv(name, value)
+    with pytest.raises(ConfigError, match=named):
+        WorkerSettings.from_env()
