@@ -170,8 +170,13 @@ class RemoteEngine(EngineFront):
         stream = self._open_stream(request_id)
         task = asyncio.create_task(self._run(request_id, request), name=f"engine-run-{request_id}")
         self._tasks[request_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(request_id, None))
+        task.add_done_callback(lambda done: self._forget(request_id, done))
         return stream
+
+    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
+        # The id may be in use again already, by a later attempt of the same run.
+        if self._tasks.get(request_id) is task:
+            del self._tasks[request_id]
 
     def abort(self, request_id: str) -> None:
         """Closes the run's stream (the server cancels it); its output ends "abort"."""
