@@ -24,8 +24,8 @@ OTHER = "other"
 
 def role(cmdline: Sequence[str], name: str, is_self: bool) -> str:
     """What a process is, from its command line: the bench itself, a service
-    (`python -m services.<name>`), an engine process (a spawned multiprocessing child), the
-    database, the broker, or other."""
+    (`python -m services.<name>`), an engine process (a spawned multiprocessing child, or
+    an engine server such as llama-server), the database, the broker, or other."""
     if is_self:
         return BENCH
     if "-m" in cmdline[:-1]:
@@ -35,6 +35,8 @@ def role(cmdline: Sequence[str], name: str, is_self: bool) -> str:
     if any("spawn_main" in arg for arg in cmdline):
         return ENGINE
     program = os.path.basename(cmdline[0]) if cmdline else name
+    if program.startswith("llama-server"):
+        return ENGINE
     if name.startswith("postgres") or program.startswith("postgres"):
         return POSTGRES
     if program.startswith("tansu") or cmdline[1:2] == ["broker"]:
@@ -117,3 +119,16 @@ class CpuWindow:
 
     def rounded(self) -> Mapping[str, float]:
         return {kind: round(seconds, 3) for kind, seconds in self.seconds.items()}
+
+
+def combined(windows: Sequence[CpuWindow]) -> CpuWindow:
+    """One window of the windows' CPU seconds by role and their wall seconds, summed."""
+    totals: defaultdict[str, float] = defaultdict(float)
+    for window in windows:
+        for kind, seconds in window.seconds.items():
+            totals[kind] += seconds
+    return CpuWindow(
+        seconds=dict(sorted(totals.items(), key=lambda item: -item[1])),
+        wall_seconds=sum(window.wall_seconds for window in windows),
+        num_cores=windows[0].num_cores if windows else psutil.cpu_count() or 1,
+    )

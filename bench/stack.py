@@ -3,6 +3,8 @@
     python -m bench.stack [--model NAME|56m|tiny] [--concurrency N] [--max-tokens M] [--rounds R] [--quick]
     python -m bench.stack --front http [...]   # the HTTP front door against gRPC (bench.stack_http)
     python -m bench.stack --telemetry [...]    # metrics and OTLP tracing on against off
+    python -m bench.stack --engine-kind llama-server [...]  # the stack against llama-server alone
+    python -m bench.stack --engine-kind sim [--sim-rates 1000,5000,20000]  # CPU per run at rates
 
 Takes the real model where it is cached, or a random Llama (bench/models.py; `--model
 tiny` is a 4-layer model whose steps cost little more than the engine's Python, so the
@@ -26,6 +28,9 @@ is reported apart.
 Each side also reports the CPU seconds its processes spent (by role: engine,
 each service, postgres, broker, the bench itself) from its first submit to its
 last request ending, against what the machine's cores offered over that time.
+`--engine-kind llama-server` and `--engine-kind sim` put another engine behind the
+worker (bench.stack_engines): llama.cpp's server, compared with that server alone, or
+the simulated engine, at the token rates a GPU would give.
 The last line is one JSON object of the figures.
 """
 
@@ -35,34 +40,33 @@ import argparse
 import asyncio
 import gc
 import sys
-import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import BENCH, ENGINE, CpuWindow
-from bench.models import SYNTHETIC, add_model_option, model_name
+from bench.models import REAL_MODEL, SYNTHETIC, add_model_option, model_name
 from bench.models import model_dir as bench_model_dir
 from bench.report import counts, progress
+from bench.stack_engines import bench_llama_server, bench_sim
 from bench.stack_http import report_fronts, run_fronts
+from bench.stack_report import IDLE_SECONDS, Targets, check_tokens, idle_cpu, report, summary
 from bench.stack_sides import (
     SideResult,
-    StackWorkload,
     make_stack_workload,
     run_inprocess,
     run_stack,
     run_stack_bench,
     running_stack,
-    workload_summary,
 )
 from bench.stack_telemetry import bench_telemetry
 from engine.config import EngineConfig
 from engine.tokenizer import Tokenizer
 
-# The services' CPU is everything the stack runs but the engine's steps and this bench.
-NOT_SERVICES = (ENGINE, BENCH)
-IDLE_SECONDS = 10.0
 THROUGHPUT_TARGET = 0.85
 ADDED_TTFT_P50_TARGET_MS = 15.0
+ENGINE_KINDS = ("builtin", "sim", "llama-server")
+SIM_RATES = [1000, 5000, 20000]
+QUICK_SIM_RATES = [1000, 5000]
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -73,90 +77,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def report(
-    model: str,
-    work: StackWorkload,
-    local: SideResult,
-    stack: SideResult,
-    config: EngineConfig,
-    idle: CpuWindow,
-) -> dict[str, Any]:
-    header = f"{'side':<12}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'ttft p50':>10}{'ttft p99':>10}"
-    print(f"{header}{'billed p50':>12}{'billed p99':>12}")
-    for side in (local, stack):
-        billed = (
-            f"{side.billed_ms(50):>12.1f}{side.billed_ms(99):>12.1f}"
-            if side is stack
-            else f"{'-':>12}{'-':>12}"
-        )
-        print(
-            f"{side.name:<12}{side.output_tokens:>8}{side.seconds:>9.2f}"
-            f"{side.tokens_per_second:>9.1f}{side.ttft_ms(50):>10.1f}{side.ttft_ms(99):>10.1f}"
-            + billed
-        )
-    ratio = stack.tokens_per_second / local.tokens_per_second
-    added_p50 = stack.ttft_ms(50) - local.ttft_ms(50)
-    added_p99 = stack.ttft_ms(99) - local.ttft_ms(99)
-    print(
-        f"stack/in-process throughput {ratio:.3f} (target >= {THROUGHPUT_TARGET}); "
-        f"added TTFT p50 {added_p50:.1f} ms (target <= {ADDED_TTFT_P50_TARGET_MS:.0f}), "
-        f"p99 {added_p99:.1f} ms"
-    )
-    for side in (local, stack):
-        print(f"CPU seconds, {side.name}: {side.cpu.describe()}")
-    runs = len(stack.timings)
-    per_run = stack.cpu.ms_per_run(runs, exclude=NOT_SERVICES)
-    idle_percent = idle.percent_of_a_core(exclude=NOT_SERVICES)
-    print(
-        f"services' CPU per run (all but the engine and this bench, to billed): "
-        f"{sum(per_run.values()):.1f} ms ({_parts(per_run, 'ms')}); idle: "
-        f"{sum(idle_percent.values()):.1f}% of a core ({_parts(idle_percent, '%')})"
-    )
-    same = sum(
-        a.token_ids == b.token_ids for a, b in zip(local.timings, stack.timings, strict=True)
-    )
-    return {
-        "model": model,
-        **workload_summary(work),
-        "num_kv_blocks": config.num_kv_blocks,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "inprocess_tokens_per_s": round(local.tokens_per_second, 1),
-        "stack_tokens_per_s": round(stack.tokens_per_second, 1),
-        "throughput_ratio": round(ratio, 3),
-        "inprocess_ttft_p50_ms": round(local.ttft_ms(50), 2),
-        "inprocess_ttft_p99_ms": round(local.ttft_ms(99), 2),
-        "stack_ttft_p50_ms": round(stack.ttft_ms(50), 2),
-        "stack_ttft_p99_ms": round(stack.ttft_ms(99), 2),
-        "added_ttft_p50_ms": round(added_p50, 2),
-        "added_ttft_p99_ms": round(added_p99, 2),
-        "stack_billed_p50_ms": round(stack.billed_ms(50), 2),
-        "stack_billed_p99_ms": round(stack.billed_ms(99), 2),
-        "identical_outputs": same,
-        "num_cores": stack.cpu.num_cores,
-        "inprocess_cpu_s": local.cpu.rounded(),
-        "stack_cpu_s": stack.cpu.rounded(),
-        "inprocess_cpu_busy": round(local.cpu.busy_fraction, 3),
-        "stack_cpu_busy": round(stack.cpu.busy_fraction, 3),
-        "service_cpu_ms_per_run": round(sum(per_run.values()), 2),
-        "service_cpu_ms_per_run_by_role": per_run,
-        "idle_cpu_percent_of_a_core": round(sum(idle_percent.values()), 2),
-        "idle_cpu_percent_by_role": idle_percent,
-        "meets_throughput_target": ratio >= THROUGHPUT_TARGET,
-        "meets_ttft_target": added_p50 <= ADDED_TTFT_P50_TARGET_MS,
-    }
-
-
-def _parts(values: dict[str, float], unit: str) -> str:
-    return ", ".join(f"{role} {value:.1f}{unit}" for role, value in values.items())
-
-
-def check_tokens(side: SideResult, work: StackWorkload) -> None:
-    counts = {t.num_tokens for t in side.timings}
-    if counts != {work.max_tokens}:
-        raise RuntimeError(f"{side.name}: output lengths {sorted(counts)}, not {work.max_tokens}")
-
-
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    if args.engine_kind == "llama-server":
+        return bench_llama_server(args, scratch)
+    if args.engine_kind == "sim":
+        return bench_sim(args, scratch)
     model_dir = bench_model_dir(args.model, scratch)
     if args.front == "http":
         return bench_fronts(args, scratch, model_dir)
@@ -184,39 +109,25 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     stack: dict[int, SideResult] = {}
     with running_stack(scratch, model_dir, args, log_dir) as running:
         progress(f"the stack idle for {IDLE_SECONDS:.0f} s")
-        idle = idle_cpu(IDLE_SECONDS)
+        idle = idle_cpu()
         for concurrency, work in works.items():
             progress(f"stack: {concurrency} streams of {args.max_tokens} tokens{waves}")
             run_side = run_stack(running.gateway, running.api_key, work)
             stack[concurrency] = asyncio.run(asyncio.wait_for(run_side, args.timeout))
             check_tokens(stack[concurrency], work)
             progress(f"stack: {stack[concurrency].tokens_per_second:,.1f} output tokens/s")
+    targets = Targets(THROUGHPUT_TARGET, ADDED_TTFT_P50_TARGET_MS)
+    settings = {
+        "num_kv_blocks": config.num_kv_blocks,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+    }
+    model = model_name(args.model)
     reports = {
-        concurrency: report(model_name(args.model), work, local[concurrency], stack[concurrency],
-                            config, idle)
+        concurrency: report(model, work, local[concurrency], stack[concurrency], idle, targets,
+                            "inprocess", settings)
         for concurrency, work in works.items()
     }  # fmt: skip
-    if len(reports) == 1:
-        return reports[args.concurrency]
-    return {
-        "model": model_name(args.model),
-        "concurrency": list(reports),
-        **{f"throughput_ratio_at_{c}": r["throughput_ratio"] for c, r in reports.items()},
-        **{f"added_ttft_p50_ms_at_{c}": r["added_ttft_p50_ms"] for c, r in reports.items()},
-        **{
-            f"service_cpu_ms_per_run_at_{c}": r["service_cpu_ms_per_run"]
-            for c, r in reports.items()
-        },
-        "idle_cpu_percent_of_a_core": reports[args.concurrency]["idle_cpu_percent_of_a_core"],
-        "by_concurrency": reports,
-    }
-
-
-def idle_cpu(seconds: float) -> CpuWindow:
-    """What the stack's processes spend while nothing is asked of them."""
-    with CpuWindow() as window:
-        time.sleep(seconds)
-    return window
+    return summary(model, reports)
 
 
 def bench_fronts(args: argparse.Namespace, scratch: Path, model_dir: Path) -> dict[str, Any]:
@@ -237,7 +148,7 @@ def bench_fronts(args: argparse.Namespace, scratch: Path, model_dir: Path) -> di
     return report_fronts(work, grpc, http, grpc_ttft, http_ttft)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -245,7 +156,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--concurrency",
         type=counts,
-        help="concurrent streams, or several such as 1,16,64 (default 16; 8 quick)",
+        help="concurrent streams, or several such as 1,16,64 (default 16, 8 quick; with"
+        " --engine-kind llama-server 1,16, 1,4 quick)",
     )
     parser.add_argument("--max-tokens", type=int, help="output tokens each (default 64; 32 quick)")
     parser.add_argument("--prompt-words", type=int, default=40, help="words per prompt")
@@ -256,8 +168,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=1,
-        help="waves of --concurrency requests, one after another (more samples of TTFT)",
+        help="waves of --concurrency requests, one after another (more samples of TTFT;"
+        " default 1; with --engine-kind llama-server enough for 32 requests at each"
+        " concurrency, 8 quick; with sim 4, 1 quick)",
     )
     parser.add_argument(
         "--front",
@@ -273,6 +186,27 @@ def parse_args() -> argparse.Namespace:
         " (bench.stack_telemetry), instead of against the engine in-process",
     )
     parser.add_argument(
+        "--engine-kind",
+        choices=ENGINE_KINDS,
+        default="builtin",
+        help="the worker's engine: builtin (default; against it in-process), llama-server"
+        f" (against a llama-server alone, on {REAL_MODEL}'s GGUF) or sim (the simulated"
+        " engine: the services' CPU at --sim-rates)",
+    )
+    parser.add_argument(
+        "--sim-rates",
+        type=counts,
+        help="--engine-kind sim: output tokens/s the simulated engine gives, one run each"
+        " (default 1000,5000,20000; 1000,5000 quick)",
+    )
+    parser.add_argument(
+        "--sim-step-ms",
+        type=float,
+        default=20.0,
+        help="--engine-kind sim: milliseconds per step, one token to every stream (default"
+        " 20: a rate of R tokens/s is R/50 streams)",
+    )
+    parser.add_argument(
         "--ttft-samples",
         type=int,
         default=40,
@@ -281,16 +215,36 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per side, all rounds")
     parser.add_argument("--logs", type=Path, help="keep the services' logs in this directory")
-    args = parser.parse_args()
-    args.concurrencies = args.concurrency or [8 if args.quick else 16]
+    args = parser.parse_args(argv)
+    builtin = args.engine_kind == "builtin"
+    if not builtin and (args.front == "http" or args.telemetry):
+        parser.error("--front http and --telemetry run the built-in engine")
+    if args.engine_kind == "llama-server" and args.model not in (None, REAL_MODEL):
+        parser.error(f"--engine-kind llama-server runs {REAL_MODEL} (its GGUF)")
+    if args.engine_kind == "sim":
+        if args.concurrency:
+            parser.error("--engine-kind sim takes --sim-rates, which set the streams")
+        args.sim_rates = args.sim_rates or (QUICK_SIM_RATES if args.quick else SIM_RATES)
+        if min(args.sim_rates) < 1 or args.sim_step_ms <= 0:
+            parser.error("--sim-rates and --sim-step-ms must be positive")
+    elif args.sim_rates:
+        parser.error("--sim-rates needs --engine-kind sim")
+    if args.engine_kind == "llama-server":
+        default_concurrencies = [1, 4] if args.quick else [1, 16]
+    else:
+        default_concurrencies = [8 if args.quick else 16]
+    args.concurrencies = args.concurrency or default_concurrencies
     if len(args.concurrencies) > 1 and (args.front == "http" or args.telemetry):
         parser.error("--front http and --telemetry take one --concurrency")
     if min(args.concurrencies) < 1:
         parser.error("--concurrency must be at least 1")
     args.concurrency = args.concurrencies[0]
     args.max_tokens = args.max_tokens or (32 if args.quick else 64)
+    if builtin:
+        args.rounds = args.rounds or 1  # the other kinds choose theirs (bench.stack_engines)
     for name in ("max_tokens", "rounds"):
-        if getattr(args, name) < 1:
+        value = getattr(args, name)
+        if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
 

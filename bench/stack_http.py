@@ -33,15 +33,18 @@ ADDED_TTFT_P50_TARGET_MS = 2.0
 TTFT_TOKENS = 4
 
 
-async def sse_post(url: str, path: str, body: dict[str, Any], api_key: str) -> AsyncIterator[str]:
-    """The `data:` payloads of the server-sent events a POST answers with."""
+async def sse_post(
+    url: str, path: str, body: dict[str, Any], api_key: str = ""
+) -> AsyncIterator[str]:
+    """The `data:` payloads of the server-sent events a POST answers with (a chunked
+    body: the stack's HTTP API, llama-server's `/completion`)."""
     address = urlsplit(url)
     reader, writer = await asyncio.open_connection(address.hostname, address.port)
     payload = json.dumps(body).encode()
+    authorization = f"authorization: Bearer {api_key}\r\n" if api_key else ""
     head = (
         f"POST {path} HTTP/1.1\r\nhost: {address.netloc}\r\ncontent-type: application/json\r\n"
-        f"authorization: Bearer {api_key}\r\ncontent-length: {len(payload)}\r\n"
-        "connection: close\r\n\r\n"
+        f"{authorization}content-length: {len(payload)}\r\nconnection: close\r\n\r\n"
     )
     writer.write(head.encode() + payload)
     try:

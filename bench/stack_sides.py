@@ -12,13 +12,13 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import CpuWindow
+from bench.cpu import CpuWindow, combined
 from bench.report import logs_to_stderr, percentile, progress
 from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
@@ -137,6 +137,32 @@ class SideResult:
         return percentile([(t.billed - t.submitted) * 1000 for t in self.timings], q)
 
 
+Requester = Callable[[int], Awaitable[RequestTiming]]
+
+
+async def run_waves(name: str, work: StackWorkload, request: Requester) -> SideResult:
+    """The workload's rounds one after another, each its requests (`request(index)`) at
+    once; the CPU every process spent over them."""
+    [side] = await take_turns(work, {name: request})
+    return side
+
+
+async def take_turns(work: StackWorkload, sides: Mapping[str, Requester]) -> list[SideResult]:
+    """`run_waves` on several sides, which take turns round by round (each round's
+    prompts on every side, which goes first turning each round), so that drift of the
+    machine falls on all; each side's CPU is summed over its own rounds."""
+    names = list(sides)
+    rounds: dict[str, list[list[RequestTiming]]] = {name: [] for name in names}
+    windows: dict[str, list[CpuWindow]] = {name: [] for name in names}
+    for n, wave in enumerate(work.waves()):
+        first = n % len(names)
+        for name in names[first:] + names[:first]:
+            with CpuWindow() as cpu:
+                rounds[name].append(list(await asyncio.gather(*map(sides[name], wave))))
+            windows[name].append(cpu)
+    return [SideResult(name, rounds[name], combined(windows[name])) for name in names]
+
+
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
@@ -162,23 +188,13 @@ async def run_inprocess(model_dir: Path, work: StackWorkload, config: EngineConf
     engine = await ProcessEngine.start(model_dir, config)
     try:
         await inprocess_request(engine, "warmup", work.prompt_ids[0][:8], WARMUP_TOKENS)
-        with CpuWindow() as cpu:
-            rounds = [
-                list(
-                    await asyncio.gather(
-                        *(
-                            inprocess_request(
-                                engine, f"req-{i}", work.prompt_ids[i], work.max_tokens
-                            )
-                            for i in wave
-                        )
-                    )
-                )
-                for wave in work.waves()
-            ]
+        return await run_waves(
+            "in-process",
+            work,
+            lambda i: inprocess_request(engine, f"req-{i}", work.prompt_ids[i], work.max_tokens),
+        )
     finally:
         await engine.shutdown()
-    return SideResult("in-process", rounds, cpu)
 
 
 async def stack_request(client: AsyncClient, prompt: str, max_tokens: int) -> RequestTiming:
@@ -230,21 +246,18 @@ async def warm_up(client: AsyncClient, prompt: str) -> None:
 async def run_stack(gateway: str, api_key: str, work: StackWorkload) -> SideResult:
     async with AsyncClient(gateway, api_key) as client:
         await warm_up(client, work.prompts[0][:24])
-        with CpuWindow() as cpu:
-            rounds = [
-                list(
-                    await asyncio.gather(
-                        *(stack_request(client, work.prompts[i], work.max_tokens) for i in wave)
-                    )
-                )
-                for wave in work.waves()
-            ]
-    return SideResult("stack", rounds, cpu)
+        return await run_waves(
+            "stack", work, lambda i: stack_request(client, work.prompts[i], work.max_tokens)
+        )
 
 
-def tenant_key(admission: str, admin_token: str) -> str:
+def tenant_key(admission: str, admin_token: str, unlimited: bool = False) -> str:
+    """A new tenant's key; `unlimited`: without the default limits on its concurrent runs
+    and streams (64 each), for workloads of more streams than that."""
     with AdminClient(admission, admin_token) as admin:
         tenant = admin.create_tenant(f"bench-stack-{uuid.uuid4().hex[:8]}")
+        if unlimited:
+            admin.set_quota(tenant.tenant_id, max_concurrent_runs=0, max_concurrent_streams=0)
         return admin.create_api_key(tenant.tenant_id).secret
 
 
@@ -263,9 +276,11 @@ def running_stack(
     args: argparse.Namespace,
     log_dir: Path,
     extra_env: Mapping[str, str] | None = None,
+    engine_env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningStack]:
-    """Infra and the four services (with `extra_env` in their environment); yields their
-    addresses and a tenant's key.
+    """Infra and the four services (with `extra_env` in their environment, and
+    `engine_env` in the worker's: which engine it drives); yields their addresses and a
+    tenant's key.
 
     Everything started here is stopped on the way out, whatever ends the run.
     """
@@ -285,6 +300,7 @@ def running_stack(
                 "TOLLGATE_MAX_BATCHED_TOKENS": str(args.max_batched_tokens),
                 **(extra_env or {}),
             },
+            engine_env=engine_env or {},
         )
         services = Services(config, log_dir)
         try:

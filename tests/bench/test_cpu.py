@@ -27,6 +27,8 @@ def test_processes_are_named_by_their_role() -> None:
     assert role(["postgres: app db 127.0.0.1(5123) idle"], "postgres", False) == POSTGRES
     tansu = ["/root/.calfkit/bin/tansu-v0.6.0", "broker", "--listener-url", "tcp://x"]
     assert role(tansu, "tansu-v0.6.0", False) == BROKER
+    llama = ["/root/.cache/tollgate/llama-server/llama-server", "-m", "m.gguf", "-np", "16"]
+    assert role(llama, "llama-server", False) == ENGINE
 
 
 def test_a_window_counts_the_cpu_of_a_child_started_inside_it() -> None:
