@@ -62,17 +62,40 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "top_k": "OpenAI's completions API has no top_k",
         "ignore_eos": "OpenAI's completions API has no ignore_eos",
         "stop_token_ids": "OpenAI's completions API returns no token ids to stop on",
+        "repetition_penalty": "OpenAI's completions API has no repetition_penalty",
+        "min_p": "OpenAI's completions API has no min_p",
     },
 }
+# The values that leave a field off, beside absent, zero and empty.
+NEUTRAL = {"repetition_penalty": 1.0}
 
 
 def unsupported(kind: str, sampling: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first field set in `sampling` (SamplingParams' fields by name; unset ones absent,
-    empty or zero) that a `kind` server cannot honour, with why; None for another kind."""
+    empty, zero or neutral) that a `kind` server cannot honour, with why; None for another
+    kind."""
     for name, why in UNSUPPORTED.get(kind, {}).items():
-        if sampling.get(name):
+        value = sampling.get(name)
+        if value and value != NEUTRAL.get(name):
             return name, why
     return None
+
+
+def _penalties(params: SamplingParams, repetition: str = "repetition_penalty") -> dict[str, Any]:
+    """The penalties and biases set, under OpenAI's names (`repetition` for the
+    repetition penalty's); logit_bias as OpenAI's map of token ids as strings."""
+    body: dict[str, Any] = {}
+    if params.frequency_penalty:
+        body["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        body["presence_penalty"] = params.presence_penalty
+    if params.repetition_penalty != 1.0:
+        body[repetition] = params.repetition_penalty
+    if params.min_p:
+        body["min_p"] = params.min_p
+    if params.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
+    return body
 
 
 class Reader:
@@ -135,7 +158,7 @@ def _openai_sampling(params: SamplingParams) -> dict[str, Any]:
         body["seed"] = params.seed
     if params.stop:
         body["stop"] = list(params.stop)
-    return body
+    return {**body, **_penalties(params)}
 
 
 def openai_body(request: Request) -> dict[str, Any]:
@@ -239,6 +262,7 @@ def sglang_body(request: Request) -> dict[str, Any]:
         "temperature": 0.0 if params.is_greedy else params.temperature,
         "top_p": params.top_p,
         "skip_special_tokens": True,
+        **_penalties(params),
     }
     if params.top_k > 0 and not params.is_greedy:
         sampling["top_k"] = params.top_k
@@ -314,7 +338,7 @@ def llama_server_body(request: Request) -> dict[str, Any]:
         "temperature": 0.0 if params.is_greedy else params.temperature,
         "top_p": params.top_p,
         "top_k": 1 if params.is_greedy else max(params.top_k, 0),
-        "min_p": 0.0,
+        "min_p": params.min_p,
         "stream": True,
         "return_tokens": True,
         "cache_prompt": request.share_cache,
@@ -325,7 +349,11 @@ def llama_server_body(request: Request) -> dict[str, Any]:
         body["stop"] = list(params.stop)
     if params.ignore_eos:
         body["ignore_eos"] = True
-    return body
+    penalties = _penalties(params, repetition="repeat_penalty")
+    penalties.pop("min_p", None)  # sent above: llama-server's default is not 0
+    if "logit_bias" in penalties:  # llama-server takes [token id, bias] pairs
+        penalties["logit_bias"] = [[token, bias] for token, bias in params.logit_bias]
+    return {**body, **penalties}
 
 
 LLAMA_STOP = {"eos": "stop", "word": "stop_sequence", "limit": "length"}

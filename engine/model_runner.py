@@ -85,5 +85,6 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         params = [chunk.seq.params for chunk in inputs.sampled]
         rngs = [generators[chunk.seq.request_id] for chunk in inputs.sampled]
-        tokens = sample(logits, params, rngs)
+        histories = [(chunk.seq.token_ids, chunk.seq.num_prompt_tokens) for chunk in inputs.sampled]
+        tokens = sample(logits, params, rngs, histories)
         return [(chunk.seq, token) for chunk, token in zip(inputs.sampled, tokens, strict=True)]

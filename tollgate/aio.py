@@ -15,7 +15,7 @@ Every failed call raises a `tollgate.errors.TollgateError` subclass.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -205,6 +205,11 @@ class AsyncClient(_AsyncBase):
         stop: Sequence[str] = (),
         stop_token_ids: Sequence[int] = (),
         ignore_eos: bool = False,
+        frequency_penalty: float | None = None,
+        presence_penalty: float | None = None,
+        repetition_penalty: float | None = None,
+        min_p: float | None = None,
+        logit_bias: Mapping[int, float] | None = None,
         priority: str = "interactive",
         idempotency_key: str | None = None,
         disconnect_grace: float | None = None,
@@ -215,6 +220,8 @@ class AsyncClient(_AsyncBase):
         The idempotency key defaults to a fresh UUID, so retries inside the stream
         never start a second run. The stream ends at `billed`, or at the terminal
         event with `until_terminal`. The call opens on the first iteration.
+        Penalties and `logit_bias` (token id -> bias) are OpenAI's; `repetition_penalty`
+        and `min_p` vLLM's.
         """
         request = convert.generate_request(
             prompt,
@@ -228,6 +235,9 @@ class AsyncClient(_AsyncBase):
             stop=stop,
             stop_token_ids=stop_token_ids,
             ignore_eos=ignore_eos,
+            penalties=convert.Penalties(
+                frequency_penalty, presence_penalty, repetition_penalty, min_p, logit_bias
+            ),
             priority=priority,
             idempotency_key=idempotency_key,
             disconnect_grace=disconnect_grace,

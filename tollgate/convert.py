@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -271,6 +272,28 @@ def reconciliation_of(message: ledger_pb2.Reconciliation) -> Reconciliation:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Penalties:
+    """The penalties and biases of a run; None (or empty) leaves one off."""
+
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: Mapping[int, float] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """SamplingParams' fields for those set."""
+        found: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in ("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p")
+            if getattr(self, name) is not None
+        }
+        if self.logit_bias:
+            found["logit_bias"] = {int(token): float(b) for token, b in self.logit_bias.items()}
+        return found
+
+
 def generate_request(
     prompt: str | None,
     *,
@@ -285,6 +308,7 @@ def generate_request(
     stop_token_ids: Sequence[int],
     priority: str,
     ignore_eos: bool = False,
+    penalties: Penalties | None = None,
     idempotency_key: str | None,
     disconnect_grace: float | None,
     until_terminal: bool,
@@ -303,6 +327,7 @@ def generate_request(
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
         ignore_eos=ignore_eos,
+        **(penalties or Penalties()).fields(),
     )
     request = events_pb2.GenerateRequest(
         model=model,

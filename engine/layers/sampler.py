@@ -1,4 +1,5 @@
-"""Turning logits into next tokens: greedy, temperature, top-k, top-p, per-request generators."""
+"""Turning logits into next tokens: penalties and biases, greedy, temperature, top-k, top-p,
+min-p, per-request generators."""
 
 from __future__ import annotations
 
@@ -12,12 +13,22 @@ from engine.sampling import SamplingParams
 _MAX_TOPK_SHORTCUT = 1024
 
 
+# A row's tokens so far: all of them (prompt, then output) and how many are the prompt's.
+History = tuple[Sequence[int], int]
+
+
 def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+    histories: Sequence[History] = (),
 ) -> list[int]:
     """logits: [N, V] -> N token ids. Row i draws only from `generators[i]`, so a seeded
-    request gets the same tokens whatever else is in the batch."""
+    request gets the same tokens whatever else is in the batch. `histories` (one per row)
+    are needed only by rows with penalties."""
     logits = logits.float()
+    if any(p.penalized for p in params):
+        logits = penalized(logits, params, histories)
     tokens: list[int] = logits.argmax(dim=-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if not rows:
@@ -35,11 +46,59 @@ def sample(
     return tokens
 
 
+def penalized(
+    logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History]
+) -> torch.Tensor:
+    """The logits with each penalized row's penalties and biases applied (SamplingParams),
+    all rows at once: one scatter builds the output counts, one the tokens seen."""
+    rows = [i for i, p in enumerate(params) if p.penalized]
+    vocab = logits.shape[-1]
+    chosen = [params[i] for i in rows]
+    out_rows, out_ids, seen_rows, seen_ids = [], [], [], []
+    for j, i in enumerate(rows):
+        tokens, num_prompt = histories[i]
+        output = tokens[num_prompt:]
+        out_rows.append(torch.full((len(output),), j, dtype=torch.long))
+        out_ids.append(torch.as_tensor(output, dtype=torch.long))
+        if chosen[j].repetition_penalty != 1.0:
+            seen_rows.append(torch.full((len(tokens),), j, dtype=torch.long))
+            seen_ids.append(torch.as_tensor(tokens, dtype=torch.long))
+    sub = logits[rows]
+    counts = torch.zeros_like(sub)
+    counts.index_put_(
+        (torch.cat(out_rows), torch.cat(out_ids)),
+        torch.ones(sum(map(len, out_ids))),
+        accumulate=True,
+    )
+    frequency = torch.tensor([p.frequency_penalty for p in chosen]).unsqueeze(1)
+    presence = torch.tensor([p.presence_penalty for p in chosen]).unsqueeze(1)
+    sub = sub - frequency * counts - presence * (counts > 0)
+    if seen_rows:
+        seen = torch.zeros(sub.shape, dtype=torch.bool)
+        seen[torch.cat(seen_rows), torch.cat(seen_ids)] = True
+        penalty = torch.tensor([p.repetition_penalty for p in chosen]).unsqueeze(1)
+        sub = torch.where(seen, torch.where(sub > 0, sub / penalty, sub * penalty), sub)
+    biased = [
+        (j, token, bias)
+        for j, p in enumerate(chosen)
+        for token, bias in p.logit_bias
+        if 0 <= token < vocab
+    ]
+    if biased:
+        bias_rows, bias_ids, values = zip(*biased, strict=True)
+        sub.index_put_(
+            (torch.tensor(bias_rows), torch.tensor(bias_ids)), torch.tensor(values), accumulate=True
+        )
+    logits = logits.clone()
+    logits[rows] = sub
+    return logits
+
+
 def _filter(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """logits: [n, V] with tokens outside each row's top-k / top-p set to -inf."""
+    """logits: [n, V] with tokens outside each row's top-k / top-p / min-p set to -inf."""
     vocab = logits.shape[-1]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    if all(k == vocab for k in top_k) and all(p.top_p >= 1 for p in params):
+    if all(k == vocab for k in top_k) and all(p.top_p >= 1 and p.min_p <= 0 for p in params):
         return logits
     widest = max(top_k)
     if widest <= _MAX_TOPK_SHORTCUT:
@@ -53,5 +112,8 @@ def _filter(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Ten
     probs = torch.softmax(values, dim=-1)
     # Drop a token once the better tokens before it already hold top_p of the mass.
     removed |= (probs.cumsum(dim=-1) - probs) >= top_p
+    # Less likely than min_p times the likeliest token (values are sorted: it is the first).
+    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32).unsqueeze(1)
+    removed |= values < values[:, :1] + torch.log(min_p)
     kept = values.masked_fill(removed, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter_(1, ids, kept)

@@ -165,12 +165,15 @@ class Checks:
         return InvalidArgument([FieldViolation("sampling.max_tokens", message)])
 
     async def vocabulary(self, run: Candidate) -> ApiError | None:
-        """Stop token ids the model can never produce are a client's mistake."""
+        """Stop token ids, or biased ones, the model can never produce are a client's mistake."""
         vocab_size = self.catalog.get(run.params.model).vocab_size
-        if all(t < vocab_size for t in run.params.sampling.stop_token_ids):
-            return None
+        sampling = run.params.sampling
         message = f"token ids must be below the model's vocabulary size, {vocab_size}"
-        return InvalidArgument([FieldViolation("sampling.stop_token_ids", message)])
+        if any(t >= vocab_size for t in sampling.stop_token_ids):
+            return InvalidArgument([FieldViolation("sampling.stop_token_ids", message)])
+        if any(t >= vocab_size for t, _ in sampling.logit_bias):
+            return InvalidArgument([FieldViolation("sampling.logit_bias", message)])
+        return None
 
     async def largest_worker(self, run: Candidate) -> ApiError | None:
         """A run larger than every live worker's pool serving its model could never run."""

@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.sampling import MAX_BIAS, MAX_LOGIT_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY
 from services.core.errors import FieldViolation
 from services.core.validation import shown, text_violation
 
@@ -46,14 +47,24 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    # (token id, bias) pairs in token order.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def payload(self) -> dict[str, Any]:
-        """The SamplingParams JSON form, unset fields left out."""
-        return {
+        """The SamplingParams JSON form, unset fields left out (`logit_bias` as protobuf's
+        JSON writes a map: token ids as strings)."""
+        payload = {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in asdict(self).items()
-            if v not in (None, ())
+            if v not in (None, ()) and k != "logit_bias"
         }
+        if self.logit_bias:
+            payload["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
+        return payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +181,30 @@ def _sampling_violations(sampling: Sampling, limits: Limits) -> list[FieldViolat
         )
     elif any(t < 0 for t in sampling.stop_token_ids):
         found.append(FieldViolation("sampling.stop_token_ids", "token ids are >= 0"))
+    return [*found, *_penalty_violations(sampling)]
+
+
+def _penalty_violations(sampling: Sampling) -> list[FieldViolation]:
+    found = []
+    bounds = {
+        "frequency_penalty": (-MAX_PENALTY, MAX_PENALTY, "between -2 and 2"),
+        "presence_penalty": (-MAX_PENALTY, MAX_PENALTY, "between -2 and 2"),
+        "min_p": (0.0, 1.0, "between 0 and 1"),
+    }
+    for name, (low, high, what) in bounds.items():
+        value = getattr(sampling, name)
+        if value is not None and not low <= value <= high:
+            found.append(FieldViolation(f"sampling.{name}", f"must be {what}"))
+    penalty = sampling.repetition_penalty
+    if penalty is not None and not 0 < penalty <= MAX_REPETITION_PENALTY:
+        message = f"must be in (0, {MAX_REPETITION_PENALTY:g}]"
+        found.append(FieldViolation("sampling.repetition_penalty", message))
+    if len(sampling.logit_bias) > MAX_LOGIT_BIAS:
+        message = f"at most {MAX_LOGIT_BIAS} token ids"
+        found.append(FieldViolation("sampling.logit_bias", message))
+    elif any(t < 0 or not -MAX_BIAS <= b <= MAX_BIAS for t, b in sampling.logit_bias):
+        message = f"token ids are >= 0 and biases between -{MAX_BIAS:g} and {MAX_BIAS:g}"
+        found.append(FieldViolation("sampling.logit_bias", message))
     return found
 
 

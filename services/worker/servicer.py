@@ -29,6 +29,11 @@ def _sampling(s: events_pb2.SamplingParams) -> SamplingParams:
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
         ignore_eos=s.ignore_eos,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
+        min_p=s.min_p,
+        logit_bias=tuple(s.logit_bias.items()),
     )
 
 

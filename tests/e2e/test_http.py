@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import openai
@@ -145,6 +146,33 @@ def test_sdk_exceptions_for_each_refusal(stack: Stack, sdk: openai.OpenAI) -> No
     with pytest.raises(openai.ConflictError) as reused:
         sdk.completions.create(model="tiny", prompt="b", max_tokens=2, extra_headers=key)
     assert reused.value.response.headers["x-request-id"] == run_id
+
+
+def test_penalties_and_biases_reach_the_sampler(stack: Stack, sdk: openai.OpenAI) -> None:
+    client = stack.tenant_client("bias")
+    options: dict[str, Any] = dict(model="tiny", max_tokens=12, temperature=0, ignore_eos=True)
+    greedy = [t for e in client.generate("Once upon a time", **options) for t in e.token_ids]
+    banned = {token: -100.0 for token in greedy}
+    steered = client.generate("Once upon a time", logit_bias=banned, **options)
+    tokens = [t for e in steered for t in e.token_ids]
+    assert len(tokens) == 12 and not set(tokens) & set(greedy)
+    answer = sdk.chat.completions.create(
+        model="tiny",
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=4,
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+        logit_bias={str(greedy[0]): -100},
+        extra_body={"repetition_penalty": 1.1, "min_p": 0.05},
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model="tiny",
+            messages=CHAT,  # type: ignore[arg-type]
+            frequency_penalty=2.5,
+        )
+    assert refused.value.param == "frequency_penalty"  # type: ignore[attr-defined]
 
 
 def test_quota_refusal_is_a_429_with_retry_after(stack: Stack) -> None:

@@ -210,3 +210,30 @@ def test_waiting_requests_are_read_from_prometheus_text() -> None:
     assert waiting(text, "vllm:num_requests_waiting") == 3.0
     assert waiting(text, "llamacpp:requests_deferred") == 0.0
     assert waiting(text, "sglang:num_queue_reqs") is None
+
+
+def test_penalties_and_biases_go_under_each_servers_names() -> None:
+    params = SamplingParams(
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        repetition_penalty=1.3,
+        min_p=0.1,
+        logit_bias=((7, -100.0), (3, 2.0)),
+    )
+    request = Request([1], params, "m")
+    vllm = DIALECTS["vllm"].body(request)
+    assert (vllm["frequency_penalty"], vllm["presence_penalty"]) == (0.5, -0.5)
+    assert (vllm["repetition_penalty"], vllm["min_p"]) == (1.3, 0.1)
+    assert vllm["logit_bias"] == {"3": 2.0, "7": -100.0}
+    sampling = DIALECTS["sglang"].body(request)["sampling_params"]
+    assert sampling["repetition_penalty"] == 1.3 and sampling["logit_bias"] == {
+        "3": 2.0,
+        "7": -100.0,
+    }
+    llama = DIALECTS["llama-server"].body(request)
+    assert llama["repeat_penalty"] == 1.3 and llama["min_p"] == 0.1
+    assert llama["logit_bias"] == [[3, 2.0], [7, -100.0]] and "repetition_penalty" not in llama
+    plain = DIALECTS["vllm"].body(Request([1], SamplingParams(), "m"))
+    assert not {"frequency_penalty", "repetition_penalty", "min_p", "logit_bias"} & set(plain)
+    assert unsupported("openai", {"repetition_penalty": 1.3}) is not None
+    assert unsupported("openai", {"repetition_penalty": 1.0, "frequency_penalty": 1.0}) is None

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
-from engine.layers.sampler import sample
+from engine.errors import RequestError
+from engine.layers.sampler import penalized, sample
 from engine.sampling import GREEDY_TEMPERATURE, SamplingParams
 
 
@@ -60,3 +62,73 @@ def test_a_row_draw_depends_only_on_its_own_generator_and_logits() -> None:
     rngs = gens(5, seed=7)
     rngs[2] = torch.Generator().manual_seed(42)
     assert sample(logits, neighbours, rngs)[2] == alone
+
+
+def reference_penalties(
+    logits: torch.Tensor, params: SamplingParams, tokens: list[int], num_prompt: int
+) -> torch.Tensor:
+    """One row's penalties and biases, token by token, as OpenAI and vLLM define them."""
+    out = logits.clone()
+    output = tokens[num_prompt:]
+    for token in range(logits.shape[0]):
+        count = output.count(token)
+        out[token] -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
+        if token in tokens and params.repetition_penalty != 1.0:
+            value = out[token]
+            out[token] = (
+                value / params.repetition_penalty
+                if value > 0
+                else value * params.repetition_penalty
+            )
+    for token, bias in params.logit_bias:
+        out[token] += bias
+    return out
+
+
+def test_penalties_and_biases_match_their_definition_row_by_row() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 12)
+    rows = [
+        (SamplingParams(frequency_penalty=0.7, presence_penalty=-0.3), [1, 2, 3, 3, 5, 3], 2),
+        (SamplingParams(), [4, 4, 4], 1),  # no penalty: left as it is
+        (SamplingParams(repetition_penalty=1.8, logit_bias=((7, 5.0), (0, -100.0))), [7, 9, 1], 1),
+        (SamplingParams(frequency_penalty=2.0, repetition_penalty=0.5), [11, 11], 0),
+    ]
+    params = [p for p, _, _ in rows]
+    histories = [(tokens, num_prompt) for _, tokens, num_prompt in rows]
+    got = penalized(logits, params, histories)
+    for i, (p, tokens, num_prompt) in enumerate(rows):
+        assert torch.allclose(got[i], reference_penalties(logits[i], p, tokens, num_prompt)), i
+
+
+def test_a_penalty_steers_greedy_decoding_and_no_penalty_changes_nothing() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.9, 0.0]])
+    greedy = SamplingParams(temperature=0)
+    assert sample(logits, [greedy], [torch.Generator()], [([1, 1], 1)]) == [1]
+    repeated = SamplingParams(temperature=0, presence_penalty=0.5)
+    assert sample(logits, [repeated], [torch.Generator()], [([1, 1], 1)]) == [2]
+    banned = SamplingParams(temperature=0, logit_bias=((1, -100.0),))
+    assert sample(logits, [banned], [torch.Generator()], [([0], 1)]) == [2]
+
+
+def test_min_p_drops_tokens_less_likely_than_its_share_of_the_best() -> None:
+    # Probabilities 0.5, 0.25, 0.125, 0.125: min_p 0.3 keeps those at least 0.15.
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))
+    params = [SamplingParams(min_p=0.3)]
+    draws = {sample(logits, params, [torch.Generator().manual_seed(s)])[0] for s in range(200)}
+    assert draws == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency_penalty", 2.5),
+        ("presence_penalty", -3.0),
+        ("repetition_penalty", 0.0),
+        ("min_p", 1.5),
+        ("logit_bias", ((1, 101.0),)),
+    ],
+)
+def test_out_of_range_penalties_are_refused_naming_them(field: str, value: object) -> None:
+    with pytest.raises(RequestError, match=field):
+        SamplingParams(**{field: value})  # type: ignore[arg-type]

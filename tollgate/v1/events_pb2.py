@@ -26,43 +26,47 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tollgate/v1/events.proto\x12\x0btollgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seed\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9a\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.tollgate.v1.ChatMessage\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.tollgate.v1.SamplingParams\x12\'\n\x08priority\x18\x05 \x01(\x0e\x32\x15.tollgate.v1.Priority\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x33\n\x10\x64isconnect_grace\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0euntil_terminal\x18\x08 \x01(\x08\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x16\n\x0ekv_blocks_peak\x18\x04 \x01(\x03\x12\x18\n\x10kv_block_seconds\x18\x05 \x01(\x01\"\xff\x01\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x14\n\x0c\x62illing_type\x18\x05 \x01(\t\x12\x10\n\x08quantity\x18\x06 \x01(\x03\x12\x19\n\x11unit_price_micros\x18\x07 \x01(\x03\x12\x15\n\ramount_micros\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x64iscount_micros\x18\n \x01(\x03\"\xd1\x01\n\x06Queued\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x08priority\x18\x02 \x01(\x0e\x32\x15.tollgate.v1.Priority\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.tollgate.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\x03\x12\x16\n\x0erequeue_reason\x18\x07 \x01(\t\"O\n\x07Prefill\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\x03\",\n\tStreaming\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"[\n\tCompleted\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.tollgate.v1.Usage\x12\x14\n\x0cttft_seconds\x18\x03 \x01(\x01\"J\n\x06\x46\x61iled\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.tollgate.v1.Usage\">\n\tCancelled\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.tollgate.v1.Usage\"\\\n\x06\x42illed\x12\x15\n\ramount_micros\x18\x01 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\x12)\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x18.tollgate.v1.LedgerEntry\"\xb7\x03\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.tollgate.v1.RunState\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x06queued\x18\n \x01(\x0b\x32\x13.tollgate.v1.QueuedH\x00\x12\'\n\x07prefill\x18\x0b \x01(\x0b\x32\x14.tollgate.v1.PrefillH\x00\x12+\n\tstreaming\x18\x0c \x01(\x0b\x32\x16.tollgate.v1.StreamingH\x00\x12+\n\tcompleted\x18\r \x01(\x0b\x32\x16.tollgate.v1.CompletedH\x00\x12%\n\x06\x66\x61iled\x18\x0e \x01(\x0b\x32\x13.tollgate.v1.FailedH\x00\x12+\n\tcancelled\x18\x0f \x01(\x0b\x32\x16.tollgate.v1.CancelledH\x00\x12%\n\x06\x62illed\x18\x10 \x01(\x0b\x32\x13.tollgate.v1.BilledH\x00\x42\x06\n\x04kind\"\xcd\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.tollgate.v1.RunState\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.tollgate.v1.Usage\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x08priority\x18\x0b \x01(\x0e\x32\x15.tollgate.v1.Priority*\xc9\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n\x11RUN_STATE_PREFILL\x10\x02\x12\x17\n\x13RUN_STATE_STREAMING\x10\x03\x12\x17\n\x13RUN_STATE_COMPLETED\x10\x04\x12\x14\n\x10RUN_STATE_FAILED\x10\x05\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x06\x12\x14\n\x10RUN_STATE_BILLED\x10\x07*R\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n\x0ePRIORITY_BATCH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tollgate/v1/events.proto\x12\x0btollgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12>\n\nlogit_bias\x18\r \x03(\x0b\x32*.tollgate.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9a\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12*\n\x08messages\x18\x03 \x03(\x0b\x32\x18.tollgate.v1.ChatMessage\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.tollgate.v1.SamplingParams\x12\'\n\x08priority\x18\x05 \x01(\x0e\x32\x15.tollgate.v1.Priority\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x33\n\x10\x64isconnect_grace\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0euntil_terminal\x18\x08 \x01(\x08\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x16\n\x0ekv_blocks_peak\x18\x04 \x01(\x03\x12\x18\n\x10kv_block_seconds\x18\x05 \x01(\x01\"\xff\x01\n\x0bLedgerEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x14\n\x0c\x62illing_type\x18\x05 \x01(\t\x12\x10\n\x08quantity\x18\x06 \x01(\x03\x12\x19\n\x11unit_price_micros\x18\x07 \x01(\x03\x12\x15\n\ramount_micros\x18\x08 \x01(\x03\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x64iscount_micros\x18\n \x01(\x03\"\xd1\x01\n\x06Queued\x12\r\n\x05model\x18\x01 \x01(\t\x12\'\n\x08priority\x18\x02 \x01(\x0e\x32\x15.tollgate.v1.Priority\x12-\n\x08sampling\x18\x03 \x01(\x0b\x32\x1b.tollgate.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\x03\x12\x16\n\x0erequeue_reason\x18\x07 \x01(\t\"O\n\x07Prefill\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0blease_epoch\x18\x02 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\x03\",\n\tStreaming\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"[\n\tCompleted\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.tollgate.v1.Usage\x12\x14\n\x0cttft_seconds\x18\x03 \x01(\x01\"J\n\x06\x46\x61iled\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.tollgate.v1.Usage\">\n\tCancelled\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12!\n\x05usage\x18\x02 \x01(\x0b\x32\x12.tollgate.v1.Usage\"\\\n\x06\x42illed\x12\x15\n\ramount_micros\x18\x01 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\x12)\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x18.tollgate.v1.LedgerEntry\"\xb7\x03\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.tollgate.v1.RunState\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x06queued\x18\n \x01(\x0b\x32\x13.tollgate.v1.QueuedH\x00\x12\'\n\x07prefill\x18\x0b \x01(\x0b\x32\x14.tollgate.v1.PrefillH\x00\x12+\n\tstreaming\x18\x0c \x01(\x0b\x32\x16.tollgate.v1.StreamingH\x00\x12+\n\tcompleted\x18\r \x01(\x0b\x32\x16.tollgate.v1.CompletedH\x00\x12%\n\x06\x66\x61iled\x18\x0e \x01(\x0b\x32\x13.tollgate.v1.FailedH\x00\x12+\n\tcancelled\x18\x0f \x01(\x0b\x32\x16.tollgate.v1.CancelledH\x00\x12%\n\x06\x62illed\x18\x10 \x01(\x0b\x32\x13.tollgate.v1.BilledH\x00\x42\x06\n\x04kind\"\xcd\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12$\n\x05state\x18\x04 \x01(\x0e\x32\x15.tollgate.v1.RunState\x12\x10\n\x08last_seq\x18\x05 \x01(\x04\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.tollgate.v1.Usage\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x08priority\x18\x0b \x01(\x0e\x32\x15.tollgate.v1.Priority*\xc9\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n\x11RUN_STATE_PREFILL\x10\x02\x12\x17\n\x13RUN_STATE_STREAMING\x10\x03\x12\x17\n\x13RUN_STATE_COMPLETED\x10\x04\x12\x14\n\x10RUN_STATE_FAILED\x10\x05\x12\x17\n\x13RUN_STATE_CANCELLED\x10\x06\x12\x14\n\x10RUN_STATE_BILLED\x10\x07*R\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n\x0ePRIORITY_BATCH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tollgate.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNSTATE']._serialized_start=2503
-  _globals['_RUNSTATE']._serialized_end=2704
-  _globals['_PRIORITY']._serialized_start=2706
-  _globals['_PRIORITY']._serialized_end=2788
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_RUNSTATE']._serialized_start=2809
+  _globals['_RUNSTATE']._serialized_end=3010
+  _globals['_PRIORITY']._serialized_start=3012
+  _globals['_PRIORITY']._serialized_end=3094
   _globals['_SAMPLINGPARAMS']._serialized_start=107
-  _globals['_SAMPLINGPARAMS']._serialized_end=331
-  _globals['_CHATMESSAGE']._serialized_start=333
-  _globals['_CHATMESSAGE']._serialized_end=377
-  _globals['_GENERATEREQUEST']._serialized_start=380
-  _globals['_GENERATEREQUEST']._serialized_end=662
-  _globals['_USAGE']._serialized_start=665
-  _globals['_USAGE']._serialized_end=798
-  _globals['_LEDGERENTRY']._serialized_start=801
-  _globals['_LEDGERENTRY']._serialized_end=1056
-  _globals['_QUEUED']._serialized_start=1059
-  _globals['_QUEUED']._serialized_end=1268
-  _globals['_PREFILL']._serialized_start=1270
-  _globals['_PREFILL']._serialized_end=1349
-  _globals['_STREAMING']._serialized_start=1351
-  _globals['_STREAMING']._serialized_end=1395
-  _globals['_COMPLETED']._serialized_start=1397
-  _globals['_COMPLETED']._serialized_end=1488
-  _globals['_FAILED']._serialized_start=1490
-  _globals['_FAILED']._serialized_end=1564
-  _globals['_CANCELLED']._serialized_start=1566
-  _globals['_CANCELLED']._serialized_end=1628
-  _globals['_BILLED']._serialized_start=1630
-  _globals['_BILLED']._serialized_end=1722
-  _globals['_RUNEVENT']._serialized_start=1725
-  _globals['_RUNEVENT']._serialized_end=2164
-  _globals['_RUN']._serialized_start=2167
-  _globals['_RUN']._serialized_end=2500
+  _globals['_SAMPLINGPARAMS']._serialized_end=637
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=468
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=516
+  _globals['_CHATMESSAGE']._serialized_start=639
+  _globals['_CHATMESSAGE']._serialized_end=683
+  _globals['_GENERATEREQUEST']._serialized_start=686
+  _globals['_GENERATEREQUEST']._serialized_end=968
+  _globals['_USAGE']._serialized_start=971
+  _globals['_USAGE']._serialized_end=1104
+  _globals['_LEDGERENTRY']._serialized_start=1107
+  _globals['_LEDGERENTRY']._serialized_end=1362
+  _globals['_QUEUED']._serialized_start=1365
+  _globals['_QUEUED']._serialized_end=1574
+  _globals['_PREFILL']._serialized_start=1576
+  _globals['_PREFILL']._serialized_end=1655
+  _globals['_STREAMING']._serialized_start=1657
+  _globals['_STREAMING']._serialized_end=1701
+  _globals['_COMPLETED']._serialized_start=1703
+  _globals['_COMPLETED']._serialized_end=1794
+  _globals['_FAILED']._serialized_start=1796
+  _globals['_FAILED']._serialized_end=1870
+  _globals['_CANCELLED']._serialized_start=1872
+  _globals['_CANCELLED']._serialized_end=1934
+  _globals['_BILLED']._serialized_start=1936
+  _globals['_BILLED']._serialized_end=2028
+  _globals['_RUNEVENT']._serialized_start=2031
+  _globals['_RUNEVENT']._serialized_end=2470
+  _globals['_RUN']._serialized_start=2473
+  _globals['_RUN']._serialized_end=2806
 # @@protoc_insertion_point(module_scope)

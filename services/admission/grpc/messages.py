@@ -42,6 +42,11 @@ def params_from_proto(request: events_pb2.GenerateRequest, limits: Limits) -> Ge
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
         ignore_eos=s.ignore_eos,
+        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else None,
+        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else None,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else None,
+        min_p=s.min_p if s.HasField("min_p") else None,
+        logit_bias=tuple(sorted(s.logit_bias.items())),
     )
     priority = PRIORITIES.get(
         request.priority or events_pb2.PRIORITY_INTERACTIVE, f"unknown ({request.priority})"

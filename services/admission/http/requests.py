@@ -61,6 +61,8 @@ class _Common(BaseModel):
     # Beyond OpenAI's fields, as vLLM's server takes them.
     top_k: int | None = None
     ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    min_p: float | None = None
 
 
 class ChatCompletionRequest(_Common):
@@ -122,6 +124,11 @@ def param_names(body: _Common) -> dict[str, str]:
         "sampling.seed": "seed",
         "sampling.top_k": "top_k",
         "sampling.stop": "stop",
+        "sampling.frequency_penalty": "frequency_penalty",
+        "sampling.presence_penalty": "presence_penalty",
+        "sampling.repetition_penalty": "repetition_penalty",
+        "sampling.min_p": "min_p",
+        "sampling.logit_bias": "logit_bias",
         "idempotency_key": "Idempotency-Key",
         "disconnect_grace": GRACE_HEADER,
     }
@@ -156,6 +163,11 @@ def _params(
             stop=stop,
             top_k=body.top_k,
             ignore_eos=body.ignore_eos,
+            frequency_penalty=body.frequency_penalty,
+            presence_penalty=body.presence_penalty,
+            repetition_penalty=body.repetition_penalty,
+            min_p=body.min_p,
+            logit_bias=_logit_bias(body),
         ),
         priority="interactive",
         idempotency_key=headers.get(IDEMPOTENCY_HEADER, ""),
@@ -200,12 +212,17 @@ def _common_violations(body: _Common) -> list[FieldViolation]:
         found.append(_unsupported("n", "only n=1 is supported"))
     if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
         found.append(FieldViolation("seed", f"must be between 0 and {MAX_SEED}"))
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            found.append(_unsupported(name))
-    if body.logit_bias:
-        found.append(_unsupported("logit_bias"))
+    if any(not _is_token_id(token) for token in body.logit_bias or {}):
+        found.append(FieldViolation("logit_bias", "keys are token ids (strings of digits)"))
     return found
+
+
+def _is_token_id(key: str) -> bool:
+    return key.isascii() and key.isdigit() and len(key) <= 10
+
+
+def _logit_bias(body: _Common) -> tuple[tuple[int, float], ...]:
+    return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
 def _chat_violations(body: ChatCompletionRequest) -> list[FieldViolation]:

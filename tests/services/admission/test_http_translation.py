@@ -91,8 +91,8 @@ def test_text_parts_are_joined_and_developer_is_system() -> None:
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"the": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"-1": 2.0}}, "logit_bias"),
         ({"seed": -1}, "seed"),
         ({"messages": []}, "messages"),
     ],
@@ -104,6 +104,33 @@ def test_what_cannot_be_honoured_is_refused_by_name(fields: dict[str, Any], para
 def test_neutral_values_of_unsupported_fields_are_accepted() -> None:
     chat(n=1, logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"})
     chat(presence_penalty=0, frequency_penalty=0.0, logit_bias={})
+
+
+def test_penalties_and_biases_become_sampling_and_out_of_range_ones_are_named() -> None:
+    params = chat(
+        frequency_penalty=0.5,
+        presence_penalty=-0.25,
+        repetition_penalty=1.2,
+        min_p=0.05,
+        logit_bias={"42": -100, "7": 3.5},
+    )
+    sampling = params.sampling
+    assert (sampling.frequency_penalty, sampling.presence_penalty) == (0.5, -0.25)
+    assert (sampling.repetition_penalty, sampling.min_p) == (1.2, 0.05)
+    assert sampling.logit_bias == ((7, 3.5), (42, -100.0))
+    assert sampling.payload()["logit_bias"] == {"7": 3.5, "42": -100.0}
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": CHAT})
+    names = param_names(body)
+    for fields, param in (
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": -2.01}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logit_bias": {"3": 101}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ):
+        found = field_violations(chat(**fields), ["m"], LIMITS)
+        assert [names[v.field] for v in found] == [param], fields
 
 
 def test_a_malformed_grace_header_is_refused_by_name() -> None:
