@@ -34,7 +34,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy engine services tollgate tools
+	$(VENV)/bin/mypy engine services tollgate tools bench
 
 ## make llama-server: build llama.cpp's server from source once (about ten minutes on two
 ## cores), cached under the user's cache directory; the tests and benchmarks that put

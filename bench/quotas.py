@@ -21,13 +21,17 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from bench.report import logs_to_stderr, progress
-from services.admission.admit import Admission, admit
+from services.admission.admit import Admission, Held, admit
+from services.admission.checks import Candidate, Checks
 from services.admission.requests import GenerateParams, Sampling
 from services.admission.tenant_store import TenantStore
 from services.core.db import Database, open_db
+from services.core.errors import ApiError
 from services.core.quotas import QuotaLimits
 from services.stack.infra import LocalInfra
 
@@ -73,11 +77,21 @@ async def admit_many(db: Database, tenant_id: str, key_id: str, runs: int, write
                 key_id=key_id,
                 spend_micros=len(PROMPT) * 2 + MAX_TOKENS * 8,
             )
-            await admit(db, admission)
+            await admit(db, admission, on_hold(Candidate(tenant_id, key_id, params, admission)))
 
     started = time.perf_counter()
     await asyncio.gather(*(writer() for _ in range(writers)))
     return runs / (time.perf_counter() - started)
+
+
+def on_hold(run: Candidate) -> Callable[[Held], Awaitable[ApiError | None]]:
+    """Admission's checks under the tenant's lock (checks.py's `on_hold` stage)."""
+
+    async def refuse(held: Held) -> ApiError | None:
+        stage = (Checks.run_size, Checks.quotas)
+        return await Checks.first_refusal(stage, replace(run, held=held))
+
+    return refuse
 
 
 async def bench(args: argparse.Namespace, database_url: str) -> dict[str, float]:

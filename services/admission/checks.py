@@ -217,7 +217,8 @@ class Checks:
 
     # on_hold
 
-    async def run_size(self, run: Candidate) -> ApiError | None:
+    @staticmethod
+    async def run_size(run: Candidate) -> ApiError | None:
         """A run larger than a limit of the tenant or its key could never be admitted."""
         assert run.held is not None and run.admission is not None
         demand = run.admission.demand()
@@ -227,7 +228,8 @@ class Checks:
                 return InvalidArgument([too_large])
         return None
 
-    async def quotas(self, run: Candidate) -> ApiError | None:
+    @staticmethod
+    async def quotas(run: Candidate) -> ApiError | None:
         """The first limit of the tenant's, then the key's, that the run would break
         (services.core.quotas.refusal says in which order within one)."""
         held = run.held

@@ -4,6 +4,7 @@ serving SmolLM2-135M-Instruct's GGUF: the same promises as with the built-in eng
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from engine.dialects import waiting
 from engine.model_dirs.fetch import FetchError, fetch_gguf, resolve_model
 from engine.model_dirs.registry import KNOWN_MODELS, model_cache, model_index
 from engine.tokenizer import Tokenizer
@@ -25,6 +27,8 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
 SLOTS = 4
+# Two workers share the server, each with half its slots.
+WORKERS = 2
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +60,12 @@ def stack(
     engine = {
         "TOLLGATE_ENGINE_KIND": "llama-server",
         "TOLLGATE_ENGINE_URL": server.url,
-        "TOLLGATE_ENGINE_MAX_RUNS": str(SLOTS),
+        "TOLLGATE_ENGINE_MAX_RUNS": str(SLOTS // WORKERS),
         "TOLLGATE_ENGINE_TIMEOUT": "20",
     }
-    with running_stack(infra, template_database, served[0], engine, model_name=MODEL) as (
-        stack,
-        _,
-    ):
+    with running_stack(
+        infra, template_database, served[0], engine, replicas={"worker": WORKERS}, model_name=MODEL
+    ) as (stack, _):
         yield stack
 
 
@@ -110,6 +113,38 @@ def test_greedy_output_equals_llama_servers_own(
     assert completed.usage is not None
     assert completed.usage.prompt_tokens == len(prompt_ids)
     assert completed.usage.output_tokens == 24
+
+
+def deferred(server: LlamaServer) -> float:
+    """Requests the server holds back for want of a free slot."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as answer:
+        return waiting(answer.read().decode(), "llamacpp:requests_deferred") or 0.0
+
+
+def test_workers_sharing_the_server_never_send_it_more_than_its_slots(
+    stack: Stack, server: LlamaServer
+) -> None:
+    client = stack.tenant_client("shared")
+    streams = [
+        client.generate(f"Story number {i}:", model=MODEL, max_tokens=48, ignore_eos=True)
+        for i in range(2 * SLOTS)
+    ]
+    results: list[list[Any]] = [[] for _ in streams]
+    threads = [
+        threading.Thread(target=lambda i=i: results[i].extend(streams[i]))
+        for i in range(len(streams))
+    ]
+    for thread in threads:
+        thread.start()
+    most_busy, most_deferred = 0, 0.0
+    while any(thread.is_alive() for thread in threads):
+        most_busy = max(most_busy, busy_slots(server))
+        most_deferred = max(most_deferred, deferred(server))
+        time.sleep(0.05)
+    assert all([e.kind for e in events][-2:] == ["completed", "billed"] for events in results)
+    workers = {e.worker_id for events in results for e in events if e.kind == "prefill"}
+    assert len(workers) == WORKERS
+    assert most_busy <= SLOTS and most_deferred == 0
 
 
 def test_a_stream_resumes_from_a_middle_seq(stack: Stack) -> None:

@@ -114,7 +114,10 @@ def _build(descriptor: Descriptor, values: Mapping[str, Any]) -> Message:
     for name, value in values.items():
         field = descriptor.fields_by_name[name]
         target = getattr(message, name)
-        if field.is_repeated and field.type == FieldDescriptor.TYPE_MESSAGE:
+        if _is_map(field):
+            for entry in value:  # each an entry message: its key and value
+                target[entry.key] = entry.value
+        elif field.is_repeated and field.type == FieldDescriptor.TYPE_MESSAGE:
             for item in value:
                 target.add().CopyFrom(item)
         elif field.is_repeated:
@@ -124,6 +127,11 @@ def _build(descriptor: Descriptor, values: Mapping[str, Any]) -> Message:
         else:
             setattr(message, name, value)
     return message
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    entry = field.message_type
+    return entry is not None and entry.GetOptions().map_entry
 
 
 _PART = re.compile(r"(\w+)(?:\[(\d+)\])?")
