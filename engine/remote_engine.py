@@ -155,6 +155,10 @@ class RemoteEngine(EngineFront):
         params = params or SamplingParams()
         token_ids = [int(token) for token in prompt]
         self.limits.check(token_ids, params)
+        # As the built-in engine does: the output ends ("length") where the context does.
+        room = self.limits.max_model_len - len(token_ids)
+        if params.max_tokens > room:
+            params = replace(params, max_tokens=room)
         if len(self._tasks) >= self.config.max_running:
             raise RequestError(f"the engine server runs {self.config.max_running} runs at most")
         request = Request(

@@ -131,6 +131,18 @@ async def test_a_run_streams_its_tokens_and_ends_with_the_servers_counts(
     assert state.bodies[0]["prompt" if kind == "vllm" else "input_ids"] == [1, 2, 3]
 
 
+async def test_the_output_is_bounded_by_the_servers_context(replay: tuple[Replay, str]) -> None:
+    state, url = replay
+    state.stream = load("vllm")
+    engine = await RemoteEngine.start(config(url, max_model_len=8))
+    try:
+        stream = engine.add_request("r1", [1, 2, 3], SamplingParams(max_tokens=100))
+        [output async for output in stream]
+    finally:
+        await engine.shutdown()
+    assert state.bodies[0]["max_tokens"] == 5
+
+
 async def test_a_stop_token_id_ends_the_run_at_that_token(replay: tuple[Replay, str]) -> None:
     state, url = replay
     state.stream = load("vllm")
