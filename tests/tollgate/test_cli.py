@@ -76,6 +76,26 @@ async def test_generate_streams_text_with_the_stack_settings(
     assert request.priority == 2 and request.until_terminal
 
 
+async def test_generate_sends_penalties_and_biases(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = await tollgate(
+        capsys, "generate", "Hi", *stack_args(stack), "--frequency-penalty", "0.5",
+        "--presence-penalty", "-0.5", "--repetition-penalty", "1.2", "--min-p", "0.1",
+        "--logit-bias", "7=-100", "--logit-bias", "3=2.5",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    [(_, request, _)] = fake.gateway.calls
+    sampling = request.sampling
+    assert (sampling.frequency_penalty, sampling.presence_penalty) == (0.5, -0.5)
+    assert sampling.repetition_penalty == pytest.approx(1.2) and sampling.min_p == pytest.approx(
+        0.1
+    )
+    assert dict(sampling.logit_bias) == {7: -100.0, 3: 2.5}
+    code, _, err = await tollgate(capsys, "generate", "Hi", *stack_args(stack), "--logit-bias", "7")
+    assert code == 2 and "TOKEN=BIAS" in err
+
+
 async def test_generate_sends_chat_turns_in_command_line_order(
     fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

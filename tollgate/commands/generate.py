@@ -35,6 +35,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    penalties = parser.add_argument_group("penalties and biases (OpenAI's and vLLM's)")
+    penalties.add_argument("--frequency-penalty", type=float, metavar="F", help="-2 to 2")
+    penalties.add_argument("--presence-penalty", type=float, metavar="P", help="-2 to 2")
+    penalties.add_argument("--repetition-penalty", type=float, metavar="R", help="(0, 10]; 1 = off")
+    penalties.add_argument("--min-p", type=float, metavar="P", help="0 to 1")
+    penalties.add_argument(
+        "--logit-bias",
+        action="append",
+        type=_bias,
+        default=[],
+        metavar="TOKEN=BIAS",
+        help="add BIAS (-100 to 100) to token id TOKEN's logit (repeatable)",
+    )
     parser.add_argument("--priority", choices=("interactive", "batch"), default="interactive")
     parser.add_argument("--idempotency-key", help="names the run; the same key attaches to it")
     parser.add_argument(
@@ -46,6 +59,14 @@ def register(subparsers: Any) -> None:
         help="with --json, stop at the terminal event instead of `billed`",
     )
     parser.set_defaults(func=generate_command)
+
+
+def _bias(text: str) -> tuple[int, float]:
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TOKEN=BIAS") from None
 
 
 TURN_FLAGS = {
@@ -96,6 +117,11 @@ def generate_command(args: argparse.Namespace) -> int:
             top_p=args.top_p,
             seed=args.seed,
             stop=args.stop,
+            frequency_penalty=args.frequency_penalty,
+            presence_penalty=args.presence_penalty,
+            repetition_penalty=args.repetition_penalty,
+            min_p=args.min_p,
+            logit_bias=dict(args.logit_bias),
             priority=args.priority,
             idempotency_key=args.idempotency_key,
             # Plain text is complete at the terminal event; billing comes after.
