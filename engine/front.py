@@ -63,6 +63,8 @@ class EngineFront(ABC):
         self.lost = asyncio.Event()
         # The most requests it takes at once, beside its KV blocks; None: blocks alone.
         self.max_running: int | None = None
+        # The most tokens one request may hold, when less than its pool; None: the pool's.
+        self.max_run_tokens: int | None = None
 
     @property
     def saturated(self) -> bool:

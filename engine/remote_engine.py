@@ -94,6 +94,7 @@ class RemoteEngine(EngineFront):
             block_size=config.block_size,
         )
         self.max_running = config.max_running
+        self.max_run_tokens = config.max_model_len
         self._session = session
         # Token ids for a server that sends text only (`openai`).
         self._encode = encode

@@ -82,6 +82,7 @@ def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
         draining=status.draining,
         boot_id=status.boot_id,
         engine_kind=status.engine_kind,
+        max_run_tokens=status.max_run_tokens,
     )
 
 

@@ -39,6 +39,7 @@ class WorkerReport:
     draining: bool = False
     boot_id: str = ""  # "": not reported
     engine_kind: str = ""  # "": not reported
+    max_run_tokens: int | None = None  # None: not reported; 0: what the pool holds
 
 
 @dataclass(slots=True)
@@ -62,6 +63,8 @@ class Worker:
     boot_id: str = ""
     # What serves its tokens (WorkerStatus.engine_kind); "": not reported.
     engine_kind: str = ""
+    # The most tokens one run may hold there, when less than its pool; 0: its pool's.
+    max_run_tokens: int = 0
     # Runs reserved here that no report has listed yet: their blocks, and when reserved.
     held: dict[str, tuple[int, float]] = field(default_factory=dict)
 
@@ -169,6 +172,8 @@ class WorkerRegistry:
             worker.adapters = report.adapters
         if report.engine_kind:
             worker.engine_kind = report.engine_kind
+        if report.max_run_tokens is not None:
+            worker.max_run_tokens = report.max_run_tokens
         if report.num_total_blocks is not None:
             worker.num_total_blocks = report.num_total_blocks
         if report.block_size is not None:
@@ -248,13 +253,17 @@ class WorkerRegistry:
         return any(w.alive and w.serves(model) for w in self._workers.values())
 
     def max_run_tokens(self) -> dict[str, int]:
-        """Per model, the most tokens one run may hold on the largest pool of the live
-        workers that serve it (those that have said their model and block size)."""
+        """Per model, the most tokens one run may hold on the live workers that serve it
+        (those that have said their model and block size): the largest pool's, or less
+        where a worker's engine takes less per run (`Worker.max_run_tokens`)."""
         largest: dict[str, int] = {}
         for w in self.alive():
             if w.block_size:
+                tokens = w.capacity * w.block_size
+                if w.max_run_tokens:
+                    tokens = min(tokens, w.max_run_tokens)
                 for model in w.models:
-                    largest[model] = max(largest.get(model, 0), w.capacity * w.block_size)
+                    largest[model] = max(largest.get(model, 0), tokens)
         return largest
 
     def expire(self, now: float, timeout: float) -> list[str]:

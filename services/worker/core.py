@@ -49,6 +49,7 @@ class Status:
     draining: bool
     boot_id: str
     engine_kind: str
+    max_run_tokens: int = 0  # 0: what the pool holds
 
 
 class WorkerCore:
@@ -221,4 +222,5 @@ class WorkerCore:
             draining=self.draining or not self.engine_ready,
             boot_id=self.boot_id,
             engine_kind=self.engine_kind,
+            max_run_tokens=self.engine.max_run_tokens or 0,
         )

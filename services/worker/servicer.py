@@ -87,6 +87,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             model=status.model,
             adapters=status.adapters,
             engine_kind=status.engine_kind,
+            max_run_tokens=status.max_run_tokens,
             num_free_blocks=status.num_free_blocks,
             num_total_blocks=status.num_total_blocks,
             block_size=status.block_size,

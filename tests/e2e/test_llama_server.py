@@ -20,6 +20,7 @@ from engine.tokenizer import Tokenizer
 from services.stack.infra import Endpoints
 from tests.e2e.conftest import Stack, running_stack
 from tollgate.cli import main as tollgate
+from tollgate.errors import InvalidArgumentError
 from tools import llama_server
 from tools.llama_server import LlamaServer
 
@@ -74,6 +75,11 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=60) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=5) as answer:
         return dict(json.loads(answer.read()))
 
 
@@ -145,6 +151,16 @@ def test_workers_sharing_the_server_never_send_it_more_than_its_slots(
     workers = {e.worker_id for events in results for e in events if e.kind == "prefill"}
     assert len(workers) == WORKERS
     assert most_busy <= SLOTS and most_deferred == 0
+
+
+def test_a_run_larger_than_a_slot_of_the_server_is_refused_naming_max_tokens(
+    stack: Stack, server: LlamaServer
+) -> None:
+    slot = int(get_json(server.url + "/props")["default_generation_settings"]["n_ctx"])
+    client = stack.tenant_client("large")
+    with pytest.raises(InvalidArgumentError) as refused:
+        list(client.generate("Hello", model=MODEL, max_tokens=slot))
+    assert "sampling.max_tokens" in str(refused.value) and f"{slot} tokens" in str(refused.value)
 
 
 def test_a_stream_resumes_from_a_middle_seq(stack: Stack) -> None:

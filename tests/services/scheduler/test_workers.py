@@ -135,3 +135,22 @@ def test_what_serves_a_workers_tokens_is_what_it_said_last() -> None:
     assert registry.get("w1").engine_kind == "sim"  # type: ignore[union-attr]
     registry.observe("w1", WorkerReport(num_free_blocks=4), now=2)  # an older worker: unsaid
     assert registry.get("w1").engine_kind == "sim"  # type: ignore[union-attr]
+
+
+def test_a_run_may_hold_no_more_than_the_engine_takes_per_run() -> None:
+    registry = WorkerRegistry()
+    registry.register("pool", "h:1", "tiny", now=0)
+    registry.observe(
+        "pool", WorkerReport(num_free_blocks=64, num_total_blocks=64, block_size=16), now=0
+    )
+    assert registry.max_run_tokens() == {"tiny": 1024}
+    registry.register("server", "h:2", "tiny", now=0, engine_kind="llama-server")
+    capped = WorkerReport(
+        num_free_blocks=256, num_total_blocks=256, block_size=16, max_run_tokens=512
+    )
+    registry.observe("server", capped, now=0)
+    assert registry.max_run_tokens() == {"tiny": 1024}  # the pool worker takes more
+    registry.observe(
+        "pool", WorkerReport(num_free_blocks=16, num_total_blocks=16, block_size=16), now=1
+    )
+    assert registry.max_run_tokens() == {"tiny": 512}
