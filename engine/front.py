@@ -100,6 +100,20 @@ class EngineFront(ABC):
     async def shutdown(self) -> None:
         """Stop the engine; open streams end with EngineClosedError."""
 
+    def _checked(
+        self, prompt: Seq[int], params: SamplingParams | None
+    ) -> tuple[list[int], SamplingParams]:
+        """A new request's token ids and parameters, checked against `limits`: raises
+        EngineClosedError once the engine is shut down, RequestError if invalid."""
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+        if isinstance(prompt, str):
+            raise TypeError(f"{type(self).__name__} takes token ids; tokenize the prompt first")
+        params = params or SamplingParams()
+        token_ids = [int(token) for token in prompt]
+        self.limits.check(token_ids, params)
+        return token_ids, params
+
     def has_request(self, request_id: str) -> bool:
         """Whether the request's stream is still open (not yet finished or aborted)."""
         return request_id in self._streams

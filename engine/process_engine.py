@@ -117,13 +117,7 @@ class ProcessEngine(EngineFront):
         adapter: str = "",
     ) -> RequestStream:
         """Queue a request and return its output stream; raises RequestError at once if invalid."""
-        if self._closed:
-            raise EngineClosedError("the engine is shut down")
-        if isinstance(prompt, str):
-            raise TypeError("ProcessEngine takes token ids; tokenize the prompt first")
-        params = params or SamplingParams()
-        token_ids = [int(token) for token in prompt]
-        self.limits.check(token_ids, params)
+        token_ids, params = self._checked(prompt, params)
         command = (
             "add",
             request_id,

@@ -149,13 +149,7 @@ class RemoteEngine(EngineFront):
         priority: Priority | str = Priority.INTERACTIVE,
         adapter: str = "",
     ) -> RequestStream:
-        if self._closed:
-            raise EngineClosedError("the engine server is gone")
-        if isinstance(prompt, str):
-            raise TypeError("RemoteEngine takes token ids; tokenize the prompt first")
-        params = params or SamplingParams()
-        token_ids = [int(token) for token in prompt]
-        self.limits.check(token_ids, params)
+        token_ids, params = self._checked(prompt, params)
         # As the built-in engine does: the output ends ("length") where the context does.
         room = self.limits.max_model_len - len(token_ids)
         if params.max_tokens > room:

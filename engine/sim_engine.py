@@ -89,11 +89,7 @@ class SimEngine(EngineFront):
         priority: Priority | str = Priority.INTERACTIVE,
         adapter: str = "",
     ) -> RequestStream:
-        if self._closed:
-            raise EngineClosedError("the engine is shut down")
-        params = params or SamplingParams()
-        token_ids = [int(token) for token in prompt]
-        self.limits.check(token_ids, params)
+        token_ids, params = self._checked(prompt, params)
         stream = self._open_stream(request_id)
         now = time.monotonic()
         progress = Progress(len(token_ids), self.config.block_size, now, held_since=now)
