@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.sampling import Priority, SamplingParams
@@ -122,7 +122,6 @@ class Dialect:
     waiting_metric: str = ""
     # Streams end with `data: [DONE]`.
     done_marker: bool = True
-    notes: dict[str, str] = field(default_factory=dict)
 
 
 def _ints(value: Any, what: str) -> tuple[int, ...]:
