@@ -3,6 +3,7 @@
     python -m bench.engine            # 64 requests per workload (10 min on 2 cores)
     python -m bench.engine --quick    # 8 shorter requests per workload (1 min)
     python -m bench.engine --adapters 0,1,4   # LoRA adapters in the batch (bench/adapters.py)
+    python -m bench.engine --grammar  # half the batch under a JSON schema (bench/grammar.py)
 
 Model (bench/models.py): SmolLM2-135M-Instruct where `tollgate models fetch` has cached
 it, else a random ~50M-parameter Llama (hidden 512, intermediate 1408, 8 layers, 8 heads,
@@ -280,6 +281,11 @@ def main() -> None:
         help="llama.cpp's parallel sequences for the workload (default 16, as llama-server -np)",
     )
     parser.add_argument(
+        "--grammar",
+        action="store_true",
+        help="instead: the random workload with half its requests under a JSON schema",
+    )
+    parser.add_argument(
         "--adapters",
         type=counts,
         default=None,
@@ -290,6 +296,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     mix = QUICK if args.quick else FULL
+    if args.grammar:
+        from bench.grammar import main as grammar_main
+
+        grammar_main(args, mix)
+        return
     if args.adapters is not None:
         from bench.adapters import main as adapters_main
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 from engine.errors import EngineError, RequestError
-from engine.llm_engine import RequestLimits
 from engine.outputs import RequestOutput
-from engine.sampling import Priority, SamplingParams
+from engine.sampling import Priority, RequestLimits, SamplingParams
 
 
 class EngineClosedError(EngineError):
@@ -52,6 +51,8 @@ class EngineFront(ABC):
     """
 
     limits: RequestLimits
+    # The most answers one request may draw (SamplingParams.n).
+    max_answers = 1
 
     def __init__(self, on_step: Callable[[list[RequestOutput]], None] | None = None) -> None:
         # Sees every step's outputs together, on the event loop, before the streams do.
@@ -110,6 +111,8 @@ class EngineFront(ABC):
         if isinstance(prompt, str):
             raise TypeError(f"{type(self).__name__} takes token ids; tokenize the prompt first")
         params = params or SamplingParams()
+        if params.n > self.max_answers:
+            raise RequestError(f"this engine draws one answer per request, not n={params.n}")
         token_ids = [int(token) for token in prompt]
         self.limits.check(token_ids, params)
         return token_ids, params

@@ -7,17 +7,18 @@ import random
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.adapters import LoraAdapter, load_adapter
-from engine.batcher import Batcher
+from engine.batcher import Batcher, StepPlan
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
+from engine.decoding import AnswerGroup, PreparedRequest
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.errors import RequestError
+from engine.grammar import Grammars
 from engine.layers.linear import pack_linear_layers
 from engine.layers.lora import attach_adapters
 from engine.layers.quantized import quantize_int8
@@ -26,53 +27,13 @@ from engine.loader import DTYPES, load_model, load_model_config, load_tokenizer,
 from engine.model_files import model_fingerprint
 from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
-from engine.outputs import Completion, RequestOutput, metrics_of
+from engine.outputs import Completion, RequestOutput, TokenLogprob, metrics_of
 from engine.prefix_hash import PrefixKey
-from engine.sampling import Priority, SamplingParams
+from engine.sampling import Priority, RequestLimits, SamplingParams
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
 
 Prompt = str | Seq[int]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """What a request is checked against before it is queued."""
-
-    vocab_size: int
-    max_model_len: int
-    num_total_blocks: int
-    block_size: int
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def check(self, token_ids: Seq[int], params: SamplingParams) -> None:
-        """Raises RequestError naming what is wrong with the request."""
-        if not token_ids:
-            raise RequestError("the prompt is empty")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(
-                f"the prompt has {len(token_ids)} tokens; this model takes at most {self.max_model_len - 1}"
-            )
-        needed = self.blocks_needed(min(len(token_ids) + params.max_tokens, self.max_model_len))
-        if needed > self.num_total_blocks:
-            raise RequestError(
-                f"the request needs {needed} KV blocks; the pool has {self.num_total_blocks}"
-            )
-
-
-@dataclass(slots=True)
-class PreparedRequest:
-    """A validated request: its sequence and the decoding state kept until it finishes."""
-
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    stops: StopStringMatcher
-    stop_token_ids: frozenset[int]
-    generator: torch.Generator
 
 
 class LLMEngine:
@@ -86,6 +47,8 @@ class LLMEngine:
     (`tie_into_panels`).
     `adapters` are LoRA adapters of the model that a request may name; each request runs
     the base model plus its own adapter, in the same batch as the others.
+    A request's JSON schema or grammar (SamplingParams) masks the tokens it may draw each
+    step; its matcher advances with each token it is given (`grammars` compiles them).
     """
 
     def __init__(
@@ -136,8 +99,12 @@ class LLMEngine:
         self.limits = RequestLimits(
             self.model_config.vocab_size, self.max_model_len, num_blocks, config.block_size
         )
+        self.grammars = Grammars(tokenizer, self.model_config.vocab_size)
         self._clock = clock
+        # By sequence id: a request's id, or with n > 1 its first answer's (the others
+        # are `answer_id`s); the requests with n > 1 by their ids.
         self._requests: dict[str, PreparedRequest] = {}
+        self._groups: dict[str, AnswerGroup] = {}
         self._pending_outputs: list[RequestOutput] = []
         self._arrivals = itertools.count()
         self._seeds = random.Random(config.seed)
@@ -207,6 +174,8 @@ class LLMEngine:
         )
         self._requests[request_id] = request
         self.batcher.add(request.seq)
+        if request.group is not None:
+            self._groups[request_id] = request.group
 
     def _prepare(
         self,
@@ -220,7 +189,7 @@ class LLMEngine:
     ) -> PreparedRequest:
         """Validate and tokenize the request, and give it its sequence and sampler state."""
         params = params or SamplingParams()
-        if request_id in self._requests:
+        if request_id in self._requests or request_id in self._groups:
             raise RequestError(f"request id {request_id!r} is already in use")
         if adapter not in self.adapters:
             raise RequestError(f"adapter {adapter!r} is not loaded")
@@ -229,37 +198,57 @@ class LLMEngine:
             self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         )
         self.limits.check(token_ids, params)
-        seq = Sequence(
-            request_id,
-            token_ids,
-            params,
-            priority=Priority.parse(priority),
-            arrival_index=next(self._arrivals),
-            cache_root=self._cache_root(cache_namespace, adapter_fingerprint),
-            arrival_time=self._clock(),
-            adapter_slot=slot,
-        )
+        arrival_index = next(self._arrivals)
+        cache_root = self._cache_root(cache_namespace, adapter_fingerprint)
         eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
         seed = params.seed if params.seed is not None else self._seeds.randrange(1 << 63)
-        return PreparedRequest(
-            seq=seq,
-            detokenizer=IncrementalDetokenizer(self.tokenizer.decode, token_ids),
-            stops=StopStringMatcher(params.stop),
-            stop_token_ids=frozenset((*params.stop_token_ids, *eos)),
-            generator=torch.Generator().manual_seed(seed),
-        )
+        answers = []
+        for index in range(params.n):
+            seq = Sequence(
+                answer_id(request_id, index),
+                token_ids,
+                params,
+                priority=Priority.parse(priority),
+                arrival_index=arrival_index,
+                cache_root=cache_root,
+                arrival_time=self._clock(),
+                adapter_slot=slot,
+            )
+            matcher = (
+                self.grammars.matcher(params.json_schema, params.grammar)
+                if params.constrained
+                else None
+            )
+            answers.append(
+                PreparedRequest(
+                    seq=seq,
+                    detokenizer=IncrementalDetokenizer(self.tokenizer.decode, token_ids),
+                    stops=StopStringMatcher(params.stop),
+                    stop_token_ids=frozenset((*params.stop_token_ids, *eos)),
+                    generator=torch.Generator().manual_seed((seed + index) % (1 << 64)),
+                    matcher=matcher,
+                    index=index,
+                )
+            )
+        if params.n > 1:
+            group = AnswerGroup(request_id, answers, waiting=answers[1:])
+            for answer in answers:
+                answer.group = group
+        return answers[0]
 
     def abort(self, request_id: str) -> bool:
         """Stop a request in any state and free its blocks; the next `step` reports it
         finished with reason "abort". False if the id is unknown or already finished."""
-        request = self._requests.get(request_id)
-        if request is None:
+        group = self._groups.pop(request_id, None)
+        answers = group.answers if group is not None else [self._requests.get(request_id)]
+        live = [a for a in answers if a is not None and a.seq.request_id in self._requests]
+        if group is None and not live:
             return False
-        request.seq.account_kv(self._clock())
-        self._finish(request, "abort")
-        self._pending_outputs.append(
-            RequestOutput(request_id, (), "", True, "abort", metrics_of(request.seq))
-        )
+        for answer in live:
+            answer.seq.account_kv(self._clock())
+            self._finish(answer, "abort")
+        metrics = group.metrics() if group is not None else metrics_of(live[0].seq)
+        self._pending_outputs.append(RequestOutput(request_id, (), "", True, "abort", metrics))
         return True
 
     def step(self) -> list[RequestOutput]:
@@ -279,15 +268,28 @@ class LLMEngine:
         generators = {
             c.seq.request_id: self._requests[c.seq.request_id].generator for c in plan.chunks
         }
-        sampled = self.runner.execute(plan, generators) if plan.chunks else []
+        sampled = self.runner.execute(plan, generators, self._masks(plan)) if plan.chunks else []
         self.batcher.on_executed(plan)
         end = self._clock()
         for seq in self.batcher.running:
             seq.account_kv(end)
         outputs.extend(
-            self._on_token(self._requests[seq.request_id], token, end) for seq, token in sampled
+            self._on_token(self._requests[seq.request_id], token, logprob, end)
+            for seq, token, logprob in sampled
         )
         return outputs
+
+    def _masks(self, plan: StepPlan) -> dict[str, torch.Tensor]:
+        """The grammar bitmask of each request in the plan that samples under a grammar."""
+        matchers = {
+            c.seq.request_id: matcher
+            for c in plan.chunks
+            if (matcher := self._requests[c.seq.request_id].matcher) is not None and c.samples
+        }
+        if not matchers:
+            return {}
+        bitmask = torch.from_numpy(self.grammars.masks(list(matchers.values())))
+        return dict(zip(matchers, bitmask, strict=True))
 
     def generate(
         self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
@@ -301,41 +303,66 @@ class LLMEngine:
             self.add_request(request_id, prompt, p)
         tokens: dict[str, list[int]] = {i: [] for i in ids}
         texts: dict[str, list[str]] = {i: [] for i in ids}
+        logprobs: dict[str, list[TokenLogprob]] = {i: [] for i in ids}
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.step():
                 if out.request_id in tokens:
                     tokens[out.request_id].extend(out.new_token_ids)
                     texts[out.request_id].append(out.text_delta)
+                    logprobs[out.request_id].extend(out.logprobs)
                     if out.finished:
                         done[out.request_id] = out
         return [
             Completion(
-                i, tuple(tokens[i]), "".join(texts[i]), done[i].finish_reason or "", done[i].metrics
+                i,
+                tuple(tokens[i]),
+                "".join(texts[i]),
+                done[i].finish_reason or "",
+                done[i].metrics,
+                tuple(logprobs[i]),
             )
             for i in ids
         ]
 
-    def _on_token(self, request: PreparedRequest, token: int, now: float) -> RequestOutput:
+    def _on_token(
+        self, request: PreparedRequest, token: int, logprob: TokenLogprob | None, now: float
+    ) -> RequestOutput:
         seq = request.seq
         seq.append_token(token, now)
-        reason: str | None = None
-        text = ""
-        if token in request.stop_token_ids:
-            reason = "stop"
-        else:
-            text, matched = request.stops.feed(request.detokenizer.push(token))
-            reason = "stop_sequence" if matched else None
-        if reason is None and (
-            seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
-        ):
-            reason = "length"
-        if reason in ("stop", "length"):
-            text += request.stops.flush()
+        text, reason = request.advance(token, self.max_model_len)
         if reason is not None:
             self._finish(request, reason)
+        logprobs = () if logprob is None else (logprob,)
+        group = request.group
+        if group is None:
+            return RequestOutput(
+                seq.request_id,
+                (token,),
+                text,
+                reason is not None,
+                reason,
+                metrics_of(seq),
+                logprobs=logprobs,
+            )
+        # The prompt is computed: the other answers start, and find it cached.
+        for waiting in group.waiting:
+            self._requests[waiting.seq.request_id] = waiting
+            self.batcher.add(waiting.seq)
+        group.waiting = []
+        if reason is not None:
+            group.num_ended += 1
+            if group.ended:
+                del self._groups[group.request_id]
         return RequestOutput(
-            seq.request_id, (token,), text, reason is not None, reason, metrics_of(seq)
+            group.request_id,
+            (token,),
+            text,
+            group.ended,
+            reason,
+            group.metrics(),
+            logprobs=logprobs,
+            index=request.index,
         )
 
     def _finish(self, request: PreparedRequest, reason: str) -> None:
@@ -355,3 +382,8 @@ class LLMEngine:
             quantization=self.config.quantization or "",
         )
         return key.root()
+
+
+def answer_id(request_id: str, index: int) -> str:
+    """The sequence id of a request's answer: the request's own for the first."""
+    return request_id if index == 0 else f"{request_id}\x00{index}"

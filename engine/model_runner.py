@@ -15,7 +15,12 @@ from engine.layers.paged_attention import Workspace
 from engine.layers.sampler import sample
 from engine.models.llama import LlamaForCausalLM
 from engine.models.native_decoder import decodes_alone, native_decoder
+from engine.outputs import TokenLogprob
 from engine.sequence import Sequence
+
+# What a step gives each chunk that samples: its sequence, the new token, and the token's
+# logprobs when its request asked for them.
+Sampled = tuple[Sequence, int, TokenLogprob | None]
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -64,9 +69,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, plan: StepPlan, generators: Mapping[str, torch.Generator]
-    ) -> list[tuple[Sequence, int]]:
-        """Compute the plan's tokens; return (sequence, new token) for each chunk that samples."""
+        self,
+        plan: StepPlan,
+        generators: Mapping[str, torch.Generator],
+        masks: Mapping[str, torch.Tensor] | None = None,
+    ) -> list[Sampled]:
+        """Compute the plan's tokens; return what each chunk that samples drew. `masks`
+        holds the grammar bitmask (see `sample`) of each request id that has one."""
         inputs = build_inputs(
             plan, self.shape, self.workspace, self.decode_kernel, self.prefill_kernel
         )
@@ -86,5 +95,13 @@ class ModelRunner:
         params = [chunk.seq.params for chunk in inputs.sampled]
         rngs = [generators[chunk.seq.request_id] for chunk in inputs.sampled]
         histories = [(chunk.seq.token_ids, chunk.seq.num_prompt_tokens) for chunk in inputs.sampled]
-        tokens = sample(logits, params, rngs, histories)
-        return [(chunk.seq, token) for chunk, token in zip(inputs.sampled, tokens, strict=True)]
+        row_masks = [masks.get(chunk.seq.request_id) for chunk in inputs.sampled] if masks else []
+        samples = sample(logits, params, rngs, histories, row_masks)
+        return list(
+            zip(
+                [chunk.seq for chunk in inputs.sampled],
+                samples.token_ids,
+                samples.logprobs,
+                strict=True,
+            )
+        )

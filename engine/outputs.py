@@ -31,11 +31,25 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One output token's log-probability and the `k` likeliest tokens' (token id,
+    log-probability), likeliest first, as the request's `logprobs` asked (SamplingParams
+    says which distribution they come from)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RequestOutput:
     """The progress of one request in one step.
 
     `new_token_ids` includes a final EOS / stop token; `text_delta` never contains it,
     nor a matched stop string, nor a partial UTF-8 character.
+    With n > 1 each output is one answer's (`index`); `finish_reason` says why that answer
+    ended, and `finished` comes with the last answer's end. `metrics` are the request's,
+    all its answers together.
     """
 
     request_id: str
@@ -46,6 +60,9 @@ class RequestOutput:
     metrics: RequestMetrics
     # Why the request failed, for finish reason "error" (an engine server's answer).
     error: str = ""
+    # One per new token when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprob, ...] = ()
+    index: int = 0
 
 
 @dataclass(slots=True)
@@ -140,6 +157,25 @@ def metrics_of(seq: Sequence) -> RequestMetrics:
     )
 
 
+def combined(answers: list[RequestMetrics]) -> RequestMetrics:
+    """One request's metrics from its answers' (the first computed the prompt): their
+    output, KV and preemptions added up, the prompt and the timings the first's."""
+    first = answers[0]
+    return RequestMetrics(
+        arrival_time=first.arrival_time,
+        queue_time=first.queue_time,
+        ttft=first.ttft,
+        itl_mean=first.itl_mean,
+        itl_max=first.itl_max,
+        num_prompt_tokens=first.num_prompt_tokens,
+        num_cached_prompt_tokens=first.num_cached_prompt_tokens,
+        num_output_tokens=sum(m.num_output_tokens for m in answers),
+        kv_blocks_peak=sum(m.kv_blocks_peak for m in answers),
+        kv_block_seconds=sum(m.kv_block_seconds for m in answers),
+        num_preemptions=sum(m.num_preemptions for m in answers),
+    )
+
+
 def _since(start: float, end: float | None) -> float | None:
     return None if end is None else end - start
 
@@ -153,3 +189,4 @@ class Completion:
     text: str
     finish_reason: str
     metrics: RequestMetrics
+    logprobs: tuple[TokenLogprob, ...] = ()

@@ -31,9 +31,9 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.errors import EngineError, ModelLoadError, RequestError
 from engine.front import EngineClosedError, EngineFront, RequestStream
-from engine.llm_engine import LLMEngine, RequestLimits
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.sampling import Priority, SamplingParams
+from engine.sampling import MAX_N, Priority, RequestLimits, SamplingParams
 
 # How long a stopping child may take to finish its step and exit before it is killed.
 STOP_TIMEOUT_SECONDS = 10.0
@@ -42,6 +42,8 @@ STOP_TIMEOUT_SECONDS = 10.0
 class ProcessEngine(EngineFront):
     """The engine in a child process, seen from the event loop; prompts are token ids.
     Start it with `start`."""
+
+    max_answers = MAX_N
 
     def __init__(
         self,

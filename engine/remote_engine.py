@@ -2,9 +2,9 @@
 server, an OpenAI-compatible one) over HTTP: one streamed request a run.
 
 Each run is one task that posts the run's body (`engine.dialects`) and turns each chunk
-into a `RequestOutput`, as the built-in engine's steps do, so the worker above sees no
-difference. Aborting a run closes its HTTP stream, which these servers take as the
-request's cancellation.
+into a `RequestOutput`, with the logprobs of its tokens when the run asked, as the
+built-in engine's steps do, so the worker above sees no difference. Aborting a run closes
+its HTTP stream, which these servers take as the request's cancellation.
 
 Two ways a run can fail here. The server is gone (refused connection, reset stream, a
 5xx, no chunk within `chunk_timeout`): every run fails with it, `lost` is set, and the
@@ -32,9 +32,8 @@ import structlog
 from engine.dialects import DIALECTS, DONE, Delta, MalformedChunk, Request, sse_data, waiting
 from engine.errors import EngineError, RequestError
 from engine.front import EngineClosedError, EngineFront, RequestStream
-from engine.llm_engine import RequestLimits
 from engine.outputs import Progress, RequestOutput
-from engine.sampling import Priority, SamplingParams
+from engine.sampling import Priority, RequestLimits, SamplingParams
 
 log = structlog.get_logger(__name__)
 
@@ -228,7 +227,7 @@ class RemoteEngine(EngineFront):
             if response.status >= 400:
                 text = (await response.text())[:MAX_ERROR_TEXT]
                 raise RequestError(f"the engine server refused the run ({response.status}): {text}")
-            reader = self.dialect.reader()
+            reader = self.dialect.reader(request.params.logprobs)
             # The chunk that ends the run, held until the usage chunk after it (`[DONE]`).
             last: Delta | None = None
             while True:
@@ -267,7 +266,8 @@ class RemoteEngine(EngineFront):
         reason = delta.finish_reason
         if delta.token_ids or delta.text or reason is not None:
             now = time.monotonic()
-            self._deliver([progress.output(now, request_id, delta.token_ids, delta.text, reason)])
+            output = progress.output(now, request_id, delta.token_ids, delta.text, reason)
+            self._deliver([replace(output, logprobs=delta.logprobs)])
 
     def _finish(self, request_id: str, progress: Progress, reason: str, error: str = "") -> None:
         output = progress.output(time.monotonic(), request_id, finish_reason=reason, error=error)
@@ -330,13 +330,18 @@ def _first(*values: int | None) -> int | None:
 
 def _cut_at_stop(delta: Delta, stops: frozenset[int]) -> tuple[Delta, bool]:
     """Ends the output at the first of the run's stop token ids, for servers that do not
-    stop on them: that token is the run's last, and the text after it is dropped."""
+    stop on them: that token is the run's last, and the text and logprobs after it are
+    dropped."""
     if not stops:
         return delta, False
     for index, token in enumerate(delta.token_ids):
         if token in stops:
-            text = delta.text if index == len(delta.token_ids) - 1 else ""
-            return replace(delta, token_ids=delta.token_ids[: index + 1], text=text), True
+            end = index + 1
+            text = delta.text if end == len(delta.token_ids) else ""
+            kept = replace(
+                delta, token_ids=delta.token_ids[:end], text=text, logprobs=delta.logprobs[:end]
+            )
+            return kept, True
     return delta, False
 
 

@@ -20,9 +20,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from engine.front import EngineClosedError, EngineFront, RequestStream
-from engine.llm_engine import RequestLimits
 from engine.outputs import Progress, RequestOutput
-from engine.sampling import Priority, SamplingParams
+from engine.sampling import Priority, RequestLimits, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

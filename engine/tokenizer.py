@@ -40,6 +40,8 @@ class Tokenizer:
         self._add_bos_token = add_bos_token
         self.fingerprint = fingerprint or fingerprint_text(backend.to_str())
         self.template_fingerprint = fingerprint_text(chat_template or "")
+        self._byte_level = isinstance(backend.decoder, tokenizers.decoders.ByteLevel)
+        self._special = {t.content for t in backend.get_added_tokens_decoder().values()}
 
     @classmethod
     def from_model_dir(
@@ -72,6 +74,19 @@ class Tokenizer:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, a partial UTF-8 character included (for
+        logprobs, as OpenAI gives them); b"" for an id outside the vocabulary."""
+        piece = self.backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level and piece not in self._special:
+            try:
+                return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)
+            except KeyError:
+                pass
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
@@ -106,6 +121,22 @@ class Tokenizer:
         if not self._add_bos_token and has_bos:
             return ids[1:]
         return ids
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's stand-in character for each byte: printable Latin-1 stands for
+    itself, every other byte for a character from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    alphabet = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            alphabet[chr(256 + extra)] = b
+            extra += 1
+    return alphabet
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
 
 
 def _token_text(value: Any) -> str | None:

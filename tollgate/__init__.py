@@ -25,6 +25,9 @@ _EXPORTS = {
     "Run": "tollgate.types",
     "Usage": "tollgate.types",
     "ChatMessage": "tollgate.types",
+    "ToolCall": "tollgate.types",
+    "TokenLogprob": "tollgate.types",
+    "TopLogprob": "tollgate.types",
     "TollgateError": "tollgate.errors",
     "InvalidArgumentError": "tollgate.errors",
     "UnauthenticatedError": "tollgate.errors",
@@ -54,7 +57,16 @@ if TYPE_CHECKING:
         UnavailableError,
     )
     from tollgate.stream import Stream
-    from tollgate.types import ChatMessage, RetryPolicy, Run, RunEvent, Usage
+    from tollgate.types import (
+        ChatMessage,
+        RetryPolicy,
+        Run,
+        RunEvent,
+        TokenLogprob,
+        ToolCall,
+        TopLogprob,
+        Usage,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -82,7 +94,10 @@ __all__ = [
     "RunEvent",
     "RunFailedError",
     "Stream",
+    "TokenLogprob",
     "TollgateError",
+    "ToolCall",
+    "TopLogprob",
     "UnauthenticatedError",
     "UnavailableError",
     "Usage",

@@ -27,6 +27,7 @@ from tollgate import convert
 from tollgate.errors import from_rpc_error
 from tollgate.resume import NextCall, StreamTracker
 from tollgate.stream import Stream
+from tollgate.structure import Structure
 from tollgate.transport import (
     DEFAULT_RETRY,
     DEFAULT_TIMEOUT,
@@ -210,6 +211,14 @@ class Client(_Base):
         repetition_penalty: float | None = None,
         min_p: float | None = None,
         logit_bias: Mapping[int, float] | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any] | bool | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        n: int | None = None,
         priority: str = "interactive",
         idempotency_key: str | None = None,
         disconnect_grace: float | None = None,
@@ -222,6 +231,19 @@ class Client(_Base):
         event with `until_terminal`. The call opens on the first iteration.
         Penalties and `logit_bias` (token id -> bias) are OpenAI's; `repetition_penalty`
         and `min_p` vLLM's.
+
+        `response_format`, `tools`, `tool_choice` and `parallel_tool_calls` take OpenAI's
+        shapes: `{"type": "json_object"}` or `{"type": "json_schema", "json_schema":
+        {"name": ..., "schema": {...}}}`; `[{"type": "function", "function": {"name",
+        "description", "parameters"}}]`; "auto", "none", "required" or `{"type": "function",
+        "function": {"name": ...}}`. `json_schema` is a schema alone, short for the second
+        response format. With tools the answer is text or calls (the stream's `tool_calls`).
+        `logprobs` gives each streaming event's tokens their log-probabilities, with the
+        `top_logprobs` (0 to 20) likeliest tokens in their place. `messages` may be
+        `ChatMessage`s, (role, content) pairs or OpenAI's message dicts, `tool_calls` and
+        `tool_call_id` included. `n` answers (1 to 16) share the prompt, each its own
+        draw: events carry `index`, the stream's `texts` has each. A malformed argument
+        raises ValueError naming it.
         """
         request = convert.generate_request(
             prompt,
@@ -238,6 +260,12 @@ class Client(_Base):
             penalties=convert.Penalties(
                 frequency_penalty, presence_penalty, repetition_penalty, min_p, logit_bias
             ),
+            structure=Structure(
+                response_format, json_schema, tools, tool_choice, parallel_tool_calls
+            ),
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            n=n,
             priority=priority,
             idempotency_key=idempotency_key,
             disconnect_grace=disconnect_grace,

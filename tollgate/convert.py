@@ -10,6 +10,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from tollgate.structure import Structure, chat_message_of, tool_call_message
 from tollgate.types import (
     ApiKey,
     ChatMessage,
@@ -22,6 +23,8 @@ from tollgate.types import (
     Run,
     RunEvent,
     Tenant,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     UsageLine,
     UsageReport,
@@ -123,7 +126,15 @@ def _with_kind_fields(base: RunEvent, message: events_pb2.RunEvent) -> RunEvent:
         return replace(base, worker_id=p.worker_id, cached_prompt_tokens=p.cached_prompt_tokens)
     if kind == "streaming":
         s = message.streaming
-        return replace(base, text=s.text, token_ids=tuple(s.token_ids))
+        logprobs = tuple(token_logprob_of(x) for x in s.logprobs)
+        return replace(
+            base,
+            text=s.text,
+            token_ids=tuple(s.token_ids),
+            logprobs=logprobs,
+            index=s.index,
+            finish_reason=s.finish_reason,
+        )
     if kind == "completed":
         c = message.completed
         return replace(
@@ -143,6 +154,14 @@ def _with_kind_fields(base: RunEvent, message: events_pb2.RunEvent) -> RunEvent:
         entries = tuple(ledger_entry_of(e) for e in b.entries)
         return replace(base, amount_micros=b.amount_micros, currency=b.currency, entries=entries)
     return base
+
+
+def token_logprob_of(message: events_pb2.TokenLogprob) -> TokenLogprob:
+    return TokenLogprob(
+        token_id=message.token_id,
+        logprob=message.logprob,
+        top=tuple(TopLogprob(t.token_id, t.logprob) for t in message.top),
+    )
 
 
 def run_of(message: events_pb2.Run) -> Run:
@@ -297,7 +316,7 @@ class Penalties:
 def generate_request(
     prompt: str | None,
     *,
-    messages: Sequence[ChatMessage | tuple[str, str] | dict[str, str]] | None,
+    messages: Sequence[ChatMessage | tuple[str, str] | Mapping[str, Any]] | None,
     model: str,
     max_tokens: int,
     temperature: float | None,
@@ -309,11 +328,16 @@ def generate_request(
     priority: str,
     ignore_eos: bool = False,
     penalties: Penalties | None = None,
+    structure: Structure | None = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    n: int | None = None,
     idempotency_key: str | None,
     disconnect_grace: float | None,
     until_terminal: bool,
 ) -> events_pb2.GenerateRequest:
-    """A GenerateRequest; the idempotency key is a fresh UUID unless one is given."""
+    """A GenerateRequest; the idempotency key is a fresh UUID unless one is given.
+    A malformed argument raises ValueError naming it."""
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {sorted(PRIORITIES)}, got {priority!r}")
     if isinstance(stop, str):
@@ -327,12 +351,16 @@ def generate_request(
         stop=list(stop),
         stop_token_ids=list(stop_token_ids),
         ignore_eos=ignore_eos,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        n=n,
         **(penalties or Penalties()).fields(),
+        **(structure or Structure()).fields(),
     )
     request = events_pb2.GenerateRequest(
         model=model,
         prompt=prompt or "",
-        messages=[_chat_message(m) for m in messages or ()],
+        messages=[_chat_message(f"messages[{i}]", m) for i, m in enumerate(messages or ())],
         sampling=sampling,
         priority=PRIORITIES[priority],
         idempotency_key=idempotency_key or str(uuid.uuid4()),
@@ -344,12 +372,17 @@ def generate_request(
 
 
 def _chat_message(
-    message: ChatMessage | tuple[str, str] | dict[str, str],
+    where: str, message: ChatMessage | tuple[str, str] | Mapping[str, Any]
 ) -> events_pb2.ChatMessage:
     if isinstance(message, ChatMessage):
-        return events_pb2.ChatMessage(role=message.role, content=message.content)
-    if isinstance(message, dict):
-        return events_pb2.ChatMessage(role=message["role"], content=message["content"])
+        return events_pb2.ChatMessage(
+            role=message.role,
+            content=message.content,
+            tool_calls=[tool_call_message(c) for c in message.tool_calls],
+            tool_call_id=message.tool_call_id,
+        )
+    if isinstance(message, Mapping):
+        return chat_message_of(where, message)
     role, content = message
     return events_pb2.ChatMessage(role=role, content=content)
 

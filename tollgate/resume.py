@@ -21,7 +21,7 @@ from tollgate.errors import (
     TollgateError,
     UnavailableError,
 )
-from tollgate.types import RetryPolicy, RunEvent, Usage
+from tollgate.types import RetryPolicy, RunEvent, TokenLogprob, Usage
 from tollgate.v1 import events_pb2, gateway_pb2
 
 # A stream that ends with one of these is continued rather than reported.
@@ -80,11 +80,31 @@ class StreamTracker:
         self.terminal: RunEvent | None = None
         self.last_event: RunEvent | None = None
         self._done = False
-        self._text: list[str] = []
+        # Each answer's text (index 0 alone unless the run asked for n > 1).
+        self._texts: dict[int, list[str]] = {}
+        self._logprobs: list[TokenLogprob] = []
 
     @property
     def text(self) -> str:
-        return "".join(self._text)
+        """The first answer's text."""
+        return "".join(self._texts.get(0, []))
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """Every answer's text, in index order (n > 1)."""
+        return tuple("".join(self._texts[i]) for i in sorted(self._texts))
+
+    @property
+    def logprobs(self) -> tuple[TokenLogprob, ...]:
+        return tuple(self._logprobs)
+
+    @property
+    def may_call_tools(self) -> bool:
+        """Whether the run was offered tools to call (True when the request is not known)."""
+        if self.request is None:
+            return True
+        sampling = self.request.sampling
+        return bool(sampling.tools) and sampling.tool_choice.mode != "none"
 
     @property
     def done(self) -> bool:
@@ -110,10 +130,12 @@ class StreamTracker:
         self.last_event = event
         self.state = event.state
         if event.text:
-            self._text.append(event.text)
+            self._texts.setdefault(event.index, []).append(event.text)
+        if event.index == 0:
+            self._logprobs.extend(event.logprobs)
         if event.usage is not None:
             self.usage = event.usage
-        if event.finish_reason:
+        if event.finish_reason and event.kind != "streaming":  # not one answer's end
             self.finish_reason = event.finish_reason
         if event.is_terminal:
             self.terminal = event

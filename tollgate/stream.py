@@ -18,8 +18,9 @@ import grpc
 from tollgate.convert import event_of, rate_limits_of
 from tollgate.errors import StreamGapError, TollgateError, from_rpc_error
 from tollgate.resume import Backoff, NextCall, StreamTracker, is_resumable, stream_ended_early
+from tollgate.structure import tool_calls_of
 from tollgate.transport import SyncProbe, SyncSleep
-from tollgate.types import RateLimits, RetryPolicy, RunEvent, Usage
+from tollgate.types import RateLimits, RetryPolicy, RunEvent, TokenLogprob, ToolCall, Usage
 
 # Opens one attempt of the stream: Generate or StreamRun, per NextCall.
 Opener = Callable[[NextCall], Any]
@@ -30,8 +31,8 @@ class Stream:
 
     A broken connection is resumed transparently: with StreamRun after the last
     seq seen once the run id is known, else with Generate again under the same
-    idempotency key. `text`, `usage`, `finish_reason` and `state` accumulate as
-    events go by. Use it as a context manager, or close it, to stop early.
+    idempotency key. `text`, `logprobs`, `usage`, `finish_reason` and `state`
+    accumulate as events go by. Use it as a context manager, or close it, to stop early.
     """
 
     def __init__(
@@ -67,8 +68,28 @@ class Stream:
 
     @property
     def text(self) -> str:
-        """The text streamed so far."""
+        """The text streamed so far (the first answer's, with n > 1)."""
         return self._tracker.text
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """Every answer's text streamed so far, in index order (one unless n > 1)."""
+        return self._tracker.texts
+
+    @property
+    def logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The streamed tokens' log-probabilities so far, when the run asked for them (the
+        first answer's, with n > 1)."""
+        return self._tracker.logprobs
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...] | None:
+        """The function calls the run's answer makes, once it has completed; None for a
+        text answer, a run offered no tools, or one not (yet) completed."""
+        end, run_id = self._tracker.terminal, self._tracker.run_id
+        if end is None or end.kind != "completed" or run_id is None:
+            return None
+        return tool_calls_of(self.text, run_id) if self._tracker.may_call_tools else None
 
     @property
     def last_seq(self) -> int:

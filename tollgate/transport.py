@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_RETRY = RetryPolicy()
 
-Messages = Sequence[ChatMessage | tuple[str, str] | dict[str, str]]
+Messages = Sequence[ChatMessage | tuple[str, str] | Mapping[str, Any]]
 
 # A stub's unary method, its answer awaited or not.
 AsyncUnary = Callable[..., Awaitable[T]]

@@ -51,6 +51,33 @@ class LedgerEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the likeliest tokens at a position."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A streamed token's log-probability, and the likeliest tokens in its place,
+    likeliest first (as many as the run's `top_logprobs`)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model made, or an earlier one a chat message carries."""
+
+    id: str
+    name: str
+    arguments: str  # a JSON object as text
+
+
+@dataclass(frozen=True, slots=True)
 class RunEvent:
     """One event of a run's log.
 
@@ -59,7 +86,9 @@ class RunEvent:
 
     * queued: model, priority, prompt_token_ids, requeue_reason
     * prefill: worker_id, cached_prompt_tokens
-    * streaming: text (the UTF-8-safe delta), token_ids
+    * streaming: text (the UTF-8-safe delta), token_ids, logprobs (one per token when
+      the run asked for them); with n > 1, index (the answer) and, on an answer's last
+      tokens, finish_reason
     * completed: finish_reason ("stop" | "length" | "stop_sequence"), usage, ttft_seconds
     * failed: error_code (e.g. "WORKER_LOST"), error_message, usage
     * cancelled: cancel_reason, usage
@@ -74,6 +103,8 @@ class RunEvent:
     time: datetime | None = None
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    index: int = 0
     usage: Usage | None = None
     finish_reason: str = ""
     ttft_seconds: float | None = None
@@ -244,8 +275,13 @@ class ApiKeyPage:
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """A chat turn: an assistant's may carry its function calls, a "tool" turn answers
+    the call `tool_call_id` names."""
+
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

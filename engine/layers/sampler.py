@@ -1,12 +1,14 @@
-"""Turning logits into next tokens: penalties and biases, greedy, temperature, top-k, top-p,
-min-p, per-request generators."""
+"""Turning logits into next tokens: penalties and biases, grammar masks, logprobs, greedy,
+temperature, top-k, top-p, min-p, per-request generators."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from engine.outputs import TokenLogprob
 from engine.sampling import SamplingParams
 
 # Beyond this k a full sort is as cheap as topk.
@@ -17,18 +19,47 @@ _MAX_TOPK_SHORTCUT = 1024
 History = tuple[Sequence[int], int]
 
 
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """The sampler's answer for N rows: a token each, and its TokenLogprob for the rows
+    whose request asked for logprobs (None for the others)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+
+
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator],
     histories: Sequence[History] = (),
-) -> list[int]:
+    masks: Sequence[torch.Tensor | None] = (),
+) -> Samples:
     """logits: [N, V] -> N token ids. Row i draws only from `generators[i]`, so a seeded
     request gets the same tokens whatever else is in the batch. `histories` (one per row)
-    are needed only by rows with penalties."""
+    are needed only by rows with penalties; `masks` (one per row, or none at all) are
+    grammar bitmasks, [ceil(V / 32)] int32 with bit t % 32 of word t // 32 set where
+    token t is allowed, None for a row without a grammar.
+
+    Per row: penalties and biases, the mask, logprobs, then temperature and the filters."""
     logits = logits.float()
     if any(p.penalized for p in params):
         logits = penalized(logits, params, histories)
+    if any(m is not None for m in masks):
+        logits = masked(logits, masks)
+    asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+    log_probs = torch.log_softmax(logits[asking], dim=-1) if asking else None
+    tokens = _draw(logits, params, generators)
+    logprobs: list[TokenLogprob | None] = [None] * len(tokens)
+    if log_probs is not None:
+        for i, entry in zip(asking, token_logprobs(log_probs, asking, params, tokens), strict=True):
+            logprobs[i] = entry
+    return Samples(tokens, logprobs)
+
+
+def _draw(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> list[int]:
     tokens: list[int] = logits.argmax(dim=-1).tolist()
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if not rows:
@@ -44,6 +75,45 @@ def sample(
         noise = torch.empty_like(probs[j]).exponential_(generator=generators[row])
         tokens[row] = int(torch.argmax(probs[j] / noise))
     return tokens
+
+
+def masked(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """The logits with each masked row's disallowed tokens at -inf (masks as in `sample`),
+    all masked rows at once."""
+    rows = [i for i, m in enumerate(masks) if m is not None]
+    bitmask = torch.stack([m for m in masks if m is not None])  # [n, W] int32
+    shifts = torch.arange(32, dtype=torch.int32)
+    # [n, W, 32] -> [n, W * 32]: bit b of word w is token 32 * w + b.
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    allowed = torch.ones(logits.shape, dtype=torch.bool)
+    allowed[rows] = bits.flatten(1)[:, : logits.shape[-1]].bool()
+    # One pass over all rows: cheaper than gathering the masked ones and scattering back.
+    return torch.where(allowed, logits, float("-inf"))
+
+
+def token_logprobs(
+    log_probs: torch.Tensor,
+    rows: Sequence[int],
+    params: Sequence[SamplingParams],
+    tokens: Sequence[int],
+) -> list[TokenLogprob]:
+    """log_probs: [n, V], the distribution of each of `rows` -> each row's TokenLogprob
+    for its sampled token, with its request's k likeliest alternatives (one topk for all)."""
+    sampled = torch.tensor([tokens[i] for i in rows]).unsqueeze(1)
+    chosen = log_probs.gather(1, sampled).squeeze(1).tolist()
+    widest = min(max(params[i].logprobs or 0 for i in rows), log_probs.shape[-1])
+    values, ids = log_probs.topk(widest, dim=-1)
+    top_values, top_ids = values.tolist(), ids.tolist()
+    entries = []
+    for j, i in enumerate(rows):
+        k = params[i].logprobs or 0
+        top = tuple(
+            (t, v)
+            for t, v in zip(top_ids[j][:k], top_values[j][:k], strict=True)
+            if v != float("-inf")  # a token the grammar forbids
+        )
+        entries.append(TokenLogprob(tokens[i], chosen[j], top))
+    return entries
 
 
 def penalized(

@@ -42,7 +42,7 @@ class Admission:
     def demand(self) -> Demand:
         return Demand(
             input_tokens=len(self.prompt_token_ids),
-            output_tokens=self.params.sampling.max_tokens,
+            output_tokens=self.params.sampling.max_tokens * self.params.sampling.n,
             num_kv_blocks=self.num_kv_blocks,
             spend_micros=self.spend_micros,
         )

@@ -3,7 +3,7 @@ model of its own name that runs on its base model (`parent`) and shares its toke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,8 +11,9 @@ from engine.adapters import read_adapter_config
 from engine.chat_template import ChatTemplateError
 from engine.errors import ModelLoadError
 from engine.loader import load_model_config
+from engine.structure import Structure, calls_text
 from engine.tokenizer import Tokenizer
-from services.admission.requests import GenerateParams
+from services.admission.requests import ChatTurn, GenerateParams
 from services.core.auth import Principal
 from services.core.config import ConfigError
 from services.core.errors import FieldViolation, InvalidArgument
@@ -34,12 +35,31 @@ class ModelEntry:
         or its template refuses them."""
         if not params.messages:
             return self.tokenizer.encode(params.prompt)
-        messages = [{"role": role, "content": content} for role, content in params.messages]
+        messages = chat_messages(params.messages, params.sampling.structure)
         try:
             return self.tokenizer.encode_chat(messages)
         except ChatTemplateError as exc:
             description = str(exc)[:MAX_TEMPLATE_ERROR]
             raise InvalidArgument([FieldViolation("messages", description)]) from None
+
+
+def chat_messages(turns: Sequence[ChatTurn], structure: Structure) -> list[dict[str, str]]:
+    """The messages for the chat template in the generic tool format: the tools in the
+    system turn, an assistant's earlier calls as the JSON it would have written."""
+    messages = [{"role": t.role, "content": _turn_text(t)} for t in turns]
+    tools = structure.system_prompt()
+    if tools and messages[0]["role"] == "system":
+        messages[0]["content"] = f"{messages[0]['content']}\n\n{tools}"
+    elif tools:
+        messages.insert(0, {"role": "system", "content": tools})
+    return messages
+
+
+def _turn_text(turn: ChatTurn) -> str:
+    if not turn.tool_calls:
+        return turn.content
+    calls = calls_text(turn.tool_calls)
+    return f"{turn.content}\n{calls}" if turn.content else calls
 
 
 class ModelCatalog:

@@ -11,20 +11,23 @@ the limit at fault) or None. The stages run in this order, cheapest first:
    `Gateway.start` reserves the run's stream, refusing as `open_streams` does, so that
    requests racing past that check are refused before their runs exist.
 3. `on_tokens`: the prompt once tokenized: the model's context and vocabulary, the
-   largest worker serving the model, the parameters its engines honour, the size of the
-   `queued` event.
+   largest worker serving the model, the parameters its engines honour, the response
+   format and tools (compiled for the model's tokenizer), the size of the `queued` event.
 4. `on_hold`: the tenant's and the key's quotas, read under the tenant's row lock in the
    transaction that stores the run and reserves what it may use (`admit.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from engine.dialects import unsupported
+from engine.errors import RequestError
+from engine.grammar import Grammars
 from services.admission.admit import Admission, Held
 from services.admission.backpressure import (
     QueueBounds,
@@ -95,6 +98,9 @@ class Checks:
         self.streams = streams
         self.stream_limits = stream_limits
         self.fleet = fleet
+        # A base model's compiled schemas and grammars (its adapters share them).
+        self._grammars: dict[str, Grammars] = {}
+        self._compiling = asyncio.Lock()  # Grammars is not thread-safe
         self.on_request: tuple[Check, ...] = (self.fields,)
         self.on_load: tuple[Check, ...] = (self.open_streams, self.queue_bounds, self.queue_share)
         self.on_tokens: tuple[Check, ...] = (
@@ -102,6 +108,7 @@ class Checks:
             self.vocabulary,
             self.largest_worker,
             self.engine_params,
+            self.structure,
             self.event_size,
         )
         self.on_hold: tuple[Check, ...] = (self.run_size, self.quotas)
@@ -201,6 +208,26 @@ class Checks:
             return None
         name, why = found[0]  # type: ignore[misc]
         return InvalidArgument([FieldViolation(f"sampling.{name}", f"{why}; leave it unset")])
+
+    async def structure(self, run: Candidate) -> ApiError | None:
+        """A response format or tools the engine's grammar compiler refuses for the model,
+        refused before the run exists rather than failing on a worker."""
+        structure = run.params.sampling.structure
+        if not structure.constrained:
+            return None
+        entry = self.catalog.get(run.params.model)
+        base = entry.parent or entry.name
+        if base not in self._grammars:
+            self._grammars[base] = Grammars(entry.tokenizer, entry.vocab_size)
+        json_schema, grammar = structure.constraint()
+        try:
+            # Compiling a large schema takes a while; the event loop must not wait on it.
+            async with self._compiling:
+                await asyncio.to_thread(self._grammars[base].check, json_schema, grammar)
+        except RequestError as error:
+            field = "tools" if structure.calls_tools else "response_format.json_schema"
+            return InvalidArgument([FieldViolation(f"sampling.{field}", str(error))])
+        return None
 
     async def event_size(self, run: Candidate) -> ApiError | None:
         """The `queued` event as published must stay well under the broker's message limit:

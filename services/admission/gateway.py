@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 from prometheus_client import Counter as MetricCounter
 
+from engine.sampling import blocks_for_run
 from services.admission.admit import Admission, Admitted, admit
 from services.admission.attachment_store import Attachments
 from services.admission.backpressure import QueueBounds
@@ -18,7 +19,7 @@ from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.checks import Candidate, Checks
 from services.admission.key_watch import KEY_CHECK_SECONDS, KeyWatch
-from services.admission.requests import GenerateParams, Limits, blocks_needed
+from services.admission.requests import GenerateParams, Limits
 from services.admission.run_store import find_by_idempotency_key
 from services.admission.spend import worst_case_micros
 from services.admission.stream import RunFeed, stream_events
@@ -189,18 +190,23 @@ class Gateway:
         params = candidate.params
         model = self.catalog.get(params.model)
         prompt_token_ids = await asyncio.to_thread(model.prompt_token_ids, params)
-        max_tokens = params.sampling.max_tokens
+        sampling = params.sampling
         return Admission(
             run_id=run_id,
             tenant_id=candidate.tenant_id,
             params=params,
             prompt_token_ids=prompt_token_ids,
-            num_kv_blocks=blocks_needed(len(prompt_token_ids) + max_tokens, self.config.block_size),
+            num_kv_blocks=blocks_for_run(
+                len(prompt_token_ids), sampling.max_tokens, sampling.n, self.config.block_size
+            ),
             traceparent=current_traceparent(),
             replica_id=self.attachments.replica_id,
             key_id=candidate.key_id,
             spend_micros=worst_case_micros(
-                self.config.prices, params.model, len(prompt_token_ids), max_tokens
+                self.config.prices,
+                params.model,
+                len(prompt_token_ids),
+                sampling.max_tokens * sampling.n,
             ),
         )
 

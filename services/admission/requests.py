@@ -7,10 +7,12 @@ import json
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from engine.sampling import MAX_BIAS, MAX_LOGIT_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY
+from engine.sampling import MAX_BIAS, MAX_LOGIT_BIAS, MAX_N, MAX_PENALTY, MAX_REPETITION_PENALTY
+from engine.structure import FREE_TEXT, Structure, ToolCall
 from services.core.errors import FieldViolation
+from services.core.sampling import structure_payload
 from services.core.validation import shown, text_violation
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -21,6 +23,7 @@ MAX_STOP_LENGTH = 128
 MAX_STOP_TOKEN_IDS = 64
 # A longer grace would keep an abandoned run, and the task waiting on it, alive for ever.
 MAX_DISCONNECT_GRACE = 3600.0
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,10 @@ class Sampling:
     min_p: float | None = None
     # (token id, bias) pairs in token order.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    structure: Structure = FREE_TEXT
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
 
     def payload(self) -> dict[str, Any]:
         """The SamplingParams JSON form, unset fields left out (`logit_bias` as protobuf's
@@ -60,18 +67,40 @@ class Sampling:
         payload = {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in asdict(self).items()
-            if v not in (None, ()) and k != "logit_bias"
+            if v not in (None, ())
+            and k not in ("logit_bias", "structure", "logprobs", "top_logprobs", "n")
         }
+        if self.n != 1:
+            payload["n"] = self.n
+        if self.logprobs:
+            payload |= {"logprobs": True, "top_logprobs": self.top_logprobs}
         if self.logit_bias:
             payload["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
-        return payload
+        return payload | structure_payload(self.structure)
+
+
+class ChatTurn(NamedTuple):
+    """One message of a conversation: an assistant's may carry its earlier function
+    calls, a tool's names the call it answers."""
+
+    role: str
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+
+    def canonical(self) -> list[Any]:
+        """Its form in a request's hash: a plain turn is [role, content]."""
+        if not self.tool_calls and not self.tool_call_id:
+            return [self.role, self.content]
+        calls = [[c.id, c.name, c.arguments] for c in self.tool_calls]
+        return [self.role, self.content, calls, self.tool_call_id]
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateParams:
     model: str
     prompt: str
-    messages: tuple[tuple[str, str], ...]
+    messages: tuple[ChatTurn, ...]
     sampling: Sampling
     priority: str
     idempotency_key: str
@@ -79,12 +108,15 @@ class GenerateParams:
     until_terminal: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", tuple(ChatTurn(*m) for m in self.messages))
+
     def request_hash(self) -> str:
         """Names what was asked, so a reused idempotency key can be told apart."""
         canonical = {
             "model": self.model,
             "prompt": self.prompt,
-            "messages": self.messages,
+            "messages": [m.canonical() for m in self.messages],
             "sampling": self.sampling.payload(),
             "priority": self.priority,
         }
@@ -137,7 +169,7 @@ def _text_violations(params: GenerateParams, limits: Limits) -> list[FieldViolat
     if len(params.messages) > limits.max_messages:
         found.append(FieldViolation("messages", f"more than {limits.max_messages} messages"))
         return found  # one violation for the list, not one per message
-    for i, (role, content) in enumerate(params.messages):
+    for i, (role, content, *_) in enumerate(params.messages):
         if role not in ROLES:
             found.append(
                 FieldViolation(f"messages[{i}].role", f"must be one of {', '.join(sorted(ROLES))}")
@@ -148,7 +180,9 @@ def _text_violations(params: GenerateParams, limits: Limits) -> list[FieldViolat
                     f"messages[{i}].content", f"longer than {limits.max_message_chars} characters"
                 )
             )
-    total = len(params.prompt) + sum(len(content) for _, content in params.messages)
+    total = len(params.prompt) + sum(
+        len(m.content) + sum(len(c.arguments) for c in m.tool_calls) for m in params.messages
+    )
     if total > limits.max_total_chars and not found:
         field = "messages" if params.messages else "prompt"
         found.append(FieldViolation(field, f"more than {limits.max_total_chars} characters in all"))
@@ -181,6 +215,15 @@ def _sampling_violations(sampling: Sampling, limits: Limits) -> list[FieldViolat
         )
     elif any(t < 0 for t in sampling.stop_token_ids):
         found.append(FieldViolation("sampling.stop_token_ids", "token ids are >= 0"))
+    if not 1 <= sampling.n <= MAX_N:
+        found.append(FieldViolation("sampling.n", f"must be between 1 and {MAX_N}"))
+    if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
+        found.append(
+            FieldViolation("sampling.top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
+        )
+    elif sampling.top_logprobs and not sampling.logprobs:
+        found.append(FieldViolation("sampling.top_logprobs", "needs logprobs"))
+    found += [FieldViolation(f"sampling.{f}", why) for f, why in sampling.structure.violations()]
     return [*found, *_penalty_violations(sampling)]
 
 
@@ -206,7 +249,3 @@ def _penalty_violations(sampling: Sampling) -> list[FieldViolation]:
         message = f"token ids are >= 0 and biases between -{MAX_BIAS:g} and {MAX_BIAS:g}"
         found.append(FieldViolation("sampling.logit_bias", message))
     return found
-
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)

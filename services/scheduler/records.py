@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.sampling import blocks_for_run
 from services.core.runs import RunState, is_ended
 from services.scheduler.fair_queue import QueueClass, Ticket
 
@@ -84,14 +85,14 @@ def queued_run(
 
 
 def num_kv_blocks_of(payload: Mapping[str, Any], block_size: int) -> int:
-    """The blocks admission reserved, or what prompt + max_tokens need."""
+    """The blocks admission reserved, or what the prompt and its answers need."""
     reserved = int(payload.get("num_kv_blocks", 0) or 0)
     if reserved > 0:
         return reserved
-    num_tokens = len(payload.get("prompt_token_ids", [])) + int(
-        payload.get("sampling", {}).get("max_tokens", 0) or 0
-    )
-    return max(1, -(-num_tokens // block_size))
+    sampling = payload.get("sampling", {})
+    num_prompt = len(payload.get("prompt_token_ids", []))
+    max_tokens = int(sampling.get("max_tokens", 0) or 0)
+    return max(1, blocks_for_run(num_prompt, max_tokens, int(sampling.get("n", 1)), block_size))
 
 
 def queue_class_of(priority: str) -> QueueClass:

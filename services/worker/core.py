@@ -11,7 +11,7 @@ import structlog
 
 from engine.errors import RequestError
 from engine.front import EngineFront
-from engine.sampling import Priority, SamplingParams
+from engine.sampling import Priority, SamplingParams, blocks_for_run
 from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from services.core.event_store import EventStore
 from services.core.requeue import prefill_event
@@ -101,8 +101,12 @@ class WorkerCore:
         if assignment.model != self.model and assignment.model not in self.adapters:
             served = ", ".join(map(repr, [self.model, *self.adapters]))
             raise FailedPrecondition(f"this worker serves {served}", "WRONG_MODEL")
-        needed = self.engine.limits.blocks_needed(
-            len(assignment.prompt_token_ids) + assignment.sampling.max_tokens
+        sampling = assignment.sampling
+        needed = blocks_for_run(
+            len(assignment.prompt_token_ids),
+            sampling.max_tokens,
+            sampling.n,
+            self.engine.limits.block_size,
         )
         if needed > self.num_free_blocks:
             raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
@@ -126,6 +130,7 @@ class WorkerCore:
             assigned_at=time.monotonic(),
             span=span,
             num_kv_blocks=needed,
+            num_answers=sampling.n,
         )
         prefill = prefill_event(self.worker_id, assignment.lease_epoch)
         try:

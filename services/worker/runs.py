@@ -8,11 +8,13 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from services.core.requeue import ENGINE_ERROR, lost_run_events, prefill_event
 from services.core.runs import NewEvent, RunState, StoredEvent
 
 COMPLETED_REASONS = frozenset({"stop", "length", "stop_sequence"})
+# OpenAI's stand-in for a log-probability of -inf.
+MIN_LOGPROB = -9999.0
 
 
 @dataclass(slots=True)
@@ -31,6 +33,8 @@ class AssignedRun:
     cancel_reason: str | None = None
     # KV blocks held back for the run's whole length (prompt + max_tokens).
     num_kv_blocks: int = 0
+    # How many answers it draws (SamplingParams.n).
+    num_answers: int = 1
     # Set once events after `prefill` are stored.
     streamed: bool = False
 
@@ -56,20 +60,49 @@ def usage_of(metrics: RequestMetrics) -> dict[str, Any]:
 
 
 def step_events(run: AssignedRun, outputs: Sequence[RequestOutput]) -> list[NewEvent]:
-    """One `streaming` event for the new tokens of a run's consecutive step outputs, then
-    the terminal event if the last of them finished the request.
+    """One `streaming` event for the new tokens of a run's consecutive step outputs (with
+    n > 1, one per stretch of one answer, naming it, the last of an answer with why it
+    ended), then the terminal event if the last of them finished the request.
 
     Steps that piled up behind a slow append become one event instead of one each, so
     the more loaded the pipeline, the fewer events it has to carry.
     """
     events = []
-    token_ids = [token for output in outputs for token in output.new_token_ids]
-    if token_ids:
-        text = "".join(output.text_delta for output in outputs)
-        events.append(NewEvent(RunState.STREAMING, {"token_ids": token_ids, "text": text}))
+    for answer in _answers(outputs):
+        token_ids = [token for output in answer for token in output.new_token_ids]
+        if not token_ids:
+            continue
+        text = "".join(output.text_delta for output in answer)
+        payload: dict[str, Any] = {"token_ids": token_ids, "text": text}
+        logprobs = [logprob_json(entry) for output in answer for entry in output.logprobs]
+        if logprobs:
+            payload["logprobs"] = logprobs
+        if run.num_answers > 1:
+            payload["index"] = answer[0].index
+            if answer[-1].finish_reason is not None:
+                payload["finish_reason"] = answer[-1].finish_reason
+        events.append(NewEvent(RunState.STREAMING, payload))
     if outputs and outputs[-1].finished:
         events.append(terminal_event(run, outputs[-1]))
     return events
+
+
+def _answers(outputs: Sequence[RequestOutput]) -> list[list[RequestOutput]]:
+    """The outputs in runs of one answer each, one ending where its answer ends."""
+    groups: list[list[RequestOutput]] = []
+    for output in outputs:
+        if groups and groups[-1][-1].index == output.index and not groups[-1][-1].finish_reason:
+            groups[-1].append(output)
+        else:
+            groups.append([output])
+    return groups
+
+
+def logprob_json(entry: TokenLogprob) -> dict[str, Any]:
+    """A `TokenLogprob` in its JSON form; a token the format forbids (-inf) at OpenAI's
+    floor, since JSON has no infinities."""
+    top = [{"token_id": t, "logprob": max(lp, MIN_LOGPROB)} for t, lp in entry.top]
+    return {"token_id": entry.token_id, "logprob": max(entry.logprob, MIN_LOGPROB), "top": top}
 
 
 def terminal_event(run: AssignedRun, output: RequestOutput) -> NewEvent:

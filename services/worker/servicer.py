@@ -8,6 +8,7 @@ from engine.errors import RequestError
 from engine.sampling import Priority, SamplingParams
 from services.core.errors import FieldViolation, InvalidArgument
 from services.core.grpc_errors import rpc_errors
+from services.core.sampling import structure_from_proto
 from services.worker.core import Assignment, WorkerCore
 from tollgate.v1 import events_pb2, worker_pb2, worker_pb2_grpc
 
@@ -20,6 +21,7 @@ def sampling_from_proto(s: events_pb2.SamplingParams) -> SamplingParams:
 
 
 def _sampling(s: events_pb2.SamplingParams) -> SamplingParams:
+    json_schema, grammar = structure_from_proto(s).constraint()
     return SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature if s.HasField("temperature") else 1.0,
@@ -34,6 +36,10 @@ def _sampling(s: events_pb2.SamplingParams) -> SamplingParams:
         repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else 1.0,
         min_p=s.min_p,
         logit_bias=tuple(s.logit_bias.items()),
+        json_schema=json_schema,
+        grammar=grammar,
+        logprobs=s.top_logprobs if s.logprobs else None,
+        n=s.n if s.HasField("n") else 1,
     )
 
 

@@ -123,9 +123,9 @@ def test_sdk_exceptions_for_each_refusal(stack: Stack, sdk: openai.OpenAI) -> No
         sdk.chat.completions.create(
             model="tiny",
             messages=CHAT,  # type: ignore[arg-type]
-            tools=[{"type": "function", "function": {"name": "f"}}],
+            tools=[{"type": "function", "function": {"name": "no spaces"}}],
         )
-    assert tools.value.param == "tools"  # type: ignore[attr-defined]
+    assert tools.value.param == "tools[0].function.name"  # type: ignore[attr-defined]
     stranger = openai.OpenAI(base_url=f"{stack.http}/v1", api_key="tg_nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()

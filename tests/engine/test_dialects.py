@@ -20,6 +20,7 @@ from engine.dialects import (
     unsupported,
     waiting,
 )
+from engine.errors import RequestError
 from engine.sampling import Priority, SamplingParams
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "engines"
@@ -32,8 +33,8 @@ def fixture(kind: str) -> dict[str, Any]:
     return dict(json.loads((FIXTURES / f"{kind}.json").read_text()))
 
 
-def read_stream(kind: str, lines: list[str]) -> list[Delta]:
-    reader = DIALECTS[kind].reader()
+def read_stream(kind: str, lines: list[str], logprobs: int | None = None) -> list[Delta]:
+    reader = DIALECTS[kind].reader(logprobs)
     deltas = []
     for line in lines:
         data = sse_data(b"data: " + line.encode())
@@ -105,11 +106,15 @@ def test_the_body_carries_every_field_the_fixture_request_has(kind: str) -> None
         cache_namespace="tenant-a",
         send_priority=True,
     )
-    body = DIALECTS[kind].body(request)
     ours_to_pick = {"rid", "cache_salt", "id_slot", "cache_prompt", "priority"}
-    for name, value in example.items():
-        if name in ours_to_pick:
-            continue
+    expected = {name: value for name, value in example.items() if name not in ours_to_pick}
+    assert_carries(DIALECTS[kind].body(request), expected)
+
+
+def assert_carries(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Every field of `expected` is in `body` with the same value (`sampling_params`
+    field by field)."""
+    for name, value in expected.items():
         if name == "sampling_params":
             for key, inner in value.items():
                 assert body[name][key] == inner, key
@@ -156,7 +161,7 @@ def test_llama_server_shares_no_cached_prompt_unless_told() -> None:
 
 
 def test_sglang_streams_cumulative_output_that_must_not_go_backwards() -> None:
-    reader = DIALECTS["sglang"].reader()
+    reader = DIALECTS["sglang"].reader(None)
     meta = {"finish_reason": None, "prompt_tokens": 3}
     assert reader.read({"text": "ab", "output_ids": [1, 2], "meta_info": meta}).token_ids == (1, 2)
     assert reader.read({"text": "abc", "output_ids": [1, 2, 3], "meta_info": meta}).text == "c"
@@ -179,7 +184,7 @@ def test_sglang_streams_cumulative_output_that_must_not_go_backwards() -> None:
 )
 def test_a_malformed_chunk_is_refused_not_guessed(kind: str, chunk: dict[str, Any]) -> None:
     with pytest.raises(MalformedChunk):
-        DIALECTS[kind].reader().read(chunk)
+        DIALECTS[kind].reader(None).read(chunk)
 
 
 def test_sse_lines() -> None:
@@ -237,3 +242,148 @@ def test_penalties_and_biases_go_under_each_servers_names() -> None:
     assert not {"frequency_penalty", "repetition_penalty", "min_p", "logit_bias"} & set(plain)
     assert unsupported("openai", {"repetition_penalty": 1.3}) is not None
     assert unsupported("openai", {"repetition_penalty": 1.0, "frequency_penalty": 1.0}) is None
+
+
+# The kinds that name tokens by id, and so can say which token each logprob is of.
+LOGPROB_KINDS = ("vllm", "sglang", "llama-server")
+
+
+def logprobs_of(deltas: list[Delta]) -> list[list[Any]]:
+    return [
+        [lp.token_id, lp.logprob, [list(pair) for pair in lp.top]]
+        for d in deltas
+        for lp in d.logprobs
+    ]
+
+
+@pytest.mark.parametrize("kind", LOGPROB_KINDS)
+def test_logprobs_read_back_one_per_token_with_the_k_likeliest(kind: str) -> None:
+    example = fixture(kind)["logprobs_example"]
+    deltas = read_stream(kind, example["stream"], logprobs=2)
+    assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
+    assert [t for d in deltas for t in d.token_ids] == example["expected"]["token_ids"]
+    assert logprobs_of(deltas) == example["expected"]["logprobs"]
+    # Fewer alternatives than the server sent: the likeliest of them.
+    expected = example["expected"]["logprobs"]
+    fewer = logprobs_of(read_stream(kind, example["stream"], logprobs=1))
+    assert fewer == [[token, logprob, top[:1]] for token, logprob, top in expected]
+    # A run that asked for none reads none, whatever the server sends.
+    assert not any(d.logprobs for d in read_stream(kind, example["stream"]))
+
+
+SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+
+
+@pytest.mark.parametrize("kind", LOGPROB_KINDS)
+def test_logprobs_and_a_json_schema_go_under_each_servers_names(kind: str) -> None:
+    found = fixture(kind)
+    logprobs = DIALECTS[kind].body(Request([1], SamplingParams(logprobs=2), "m"))
+    assert_carries(logprobs, found["logprobs_example"]["request_delta"])
+    schema = DIALECTS[kind].body(Request([1], SamplingParams(json_schema=SCHEMA), "m"))
+    assert_carries(schema, found["json_schema_example"]["request_delta"])
+    plain = DIALECTS[kind].body(Request([1], SamplingParams(), "m"))
+    asked = {
+        *found["logprobs_example"]["request_delta"],
+        *found["json_schema_example"]["request_delta"],
+    }
+    assert not (asked - {"sampling_params"}) & set(plain)
+    assert "json_schema" not in plain.get("sampling_params", {})
+
+
+def test_vllm_takes_the_lark_grammar_of_tools_with_tool_choice_auto() -> None:
+    example = fixture("vllm")["grammar_example"]["request_delta"]
+    grammar = example["structured_outputs"]["grammar"]
+    body = DIALECTS["vllm"].body(Request([1], SamplingParams(grammar=grammar), "m"))
+    assert_carries(body, example)
+
+
+def test_llama_server_is_asked_for_one_alternative_when_the_run_wants_none() -> None:
+    """With n_probs 0 it sends no logprobs, not even the sampled token's."""
+    body = DIALECTS["llama-server"].body(Request([1], SamplingParams(logprobs=0), "m"))
+    assert body["n_probs"] == 1
+    stream = fixture("llama-server")["logprobs_example"]["stream"]
+    deltas = read_stream("llama-server", stream, logprobs=0)
+    assert [lp.top for d in deltas for lp in d.logprobs] == [()] * 4
+
+
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [
+        ("openai", SamplingParams(json_schema=SCHEMA)),
+        ("openai", SamplingParams(grammar="start: /a/")),
+        ("openai", SamplingParams(logprobs=0)),
+        ("sglang", SamplingParams(grammar="start: /a/")),
+        ("llama-server", SamplingParams(grammar="start: /a/")),
+    ],
+)
+def test_a_run_asking_what_its_server_cannot_honour_fails_in_its_body(
+    kind: str, params: SamplingParams
+) -> None:
+    """Admission refuses these only when no server of the model honours them."""
+    with pytest.raises(RequestError):
+        DIALECTS[kind].body(Request([1], params, "m"))
+
+
+TOOLS = [{"name": "f"}]
+
+
+@pytest.mark.parametrize(
+    ("sampling", "refused_by"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": SCHEMA}}, {"openai"}),
+        ({"response_format": {"type": "json_object"}}, {"openai"}),
+        ({"response_format": {"type": "text"}}, set()),
+        # tools with tool_choice auto, said or not: text or calls, a Lark grammar
+        ({"tools": TOOLS}, {"openai", "sglang", "llama-server"}),
+        ({"tools": TOOLS, "tool_choice": {"mode": "auto"}}, {"openai", "sglang", "llama-server"}),
+        # required or a named function: a JSON schema
+        ({"tools": TOOLS, "tool_choice": {"mode": "required"}}, {"openai"}),
+        ({"tools": TOOLS, "tool_choice": {"mode": "function", "function": "f"}}, {"openai"}),
+        ({"tools": TOOLS, "tool_choice": {"mode": "none"}}, set()),
+        ({"logprobs": True, "top_logprobs": 3}, {"openai"}),
+        ({"logprobs": False, "top_logprobs": 0}, set()),
+    ],
+)
+def test_each_kind_refuses_the_structure_and_logprobs_it_cannot_honour(
+    sampling: dict[str, Any], refused_by: set[str]
+) -> None:
+    refused = {kind: unsupported(kind, sampling) for kind in KINDS}
+    assert {kind for kind, found in refused.items() if found} == refused_by
+    for found in refused.values():
+        if found is not None:
+            assert found[0] in sampling and found[1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "chunk"),
+    [
+        ("vllm", {"choices": [{"text": "a", "token_ids": [1], "logprobs": None}]}),
+        (
+            "vllm",
+            {
+                "choices": [
+                    {
+                        "text": "a",
+                        "token_ids": [1],
+                        "logprobs": {"token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5}]},
+                    }
+                ]
+            },
+        ),
+        (
+            "sglang",
+            {
+                "text": "ab",
+                "output_ids": [1, 2],
+                "meta_info": {
+                    "output_token_logprobs": [[-0.5, 1, None]],
+                    "output_top_logprobs": [],
+                },
+            },
+        ),
+        ("llama-server", {"content": "a", "tokens": [1], "stop": False}),
+    ],
+)
+def test_logprobs_missing_or_not_by_token_id_are_refused(kind: str, chunk: dict[str, Any]) -> None:
+    with pytest.raises(MalformedChunk):
+        DIALECTS[kind].reader(1).read(chunk)

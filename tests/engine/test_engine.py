@@ -9,6 +9,7 @@ import torch
 from engine.batcher import StepPlan
 from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
+from engine.model_runner import Sampled
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 from tests.engine.helpers import run_all, text_of, tokens_of
@@ -26,9 +27,14 @@ def force_tokens(engine: LLMEngine, choose: Callable[[Sequence, int], int]) -> N
     execute = engine.runner.execute
 
     def forced(
-        plan: StepPlan, generators: Mapping[str, torch.Generator]
-    ) -> list[tuple[Sequence, int]]:
-        return [(seq, choose(seq, token)) for seq, token in execute(plan, generators)]
+        plan: StepPlan,
+        generators: Mapping[str, torch.Generator],
+        masks: Mapping[str, torch.Tensor] | None = None,
+    ) -> list[Sampled]:
+        return [
+            (seq, choose(seq, token), logprob)
+            for seq, token, logprob in execute(plan, generators, masks)
+        ]
 
     engine.runner.execute = forced  # type: ignore[method-assign]
 

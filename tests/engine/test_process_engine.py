@@ -4,6 +4,7 @@ streams fail (never hang) when the child stops or dies."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
@@ -87,6 +88,28 @@ async def test_bad_requests_are_refused_at_once(
     engine.add_request("dup", [5, 6], GREEDY)
     with pytest.raises(RequestError, match="in use"):
         engine.add_request("dup", [5, 6], GREEDY)
+
+
+async def test_logprobs_and_constrained_outputs_cross_the_process_boundary(
+    make_engine: Callable[..., LLMEngine], started: Started
+) -> None:
+    schema = '{"enum": ["yes", "no", "maybe"]}'
+    params = [
+        SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=12, temperature=0, json_schema=schema, logprobs=0),
+    ]
+    expected = make_engine().generate([[5, 6, 7], [8, 9]], params)
+    engine, _ = started
+    streams = [engine.add_request(f"r{i}", p, params[i]) for i, p in enumerate([[5, 6, 7], [8, 9]])]
+    results = await asyncio.gather(*(collect(s) for s in streams))
+    for outs, want in zip(results, expected, strict=True):
+        assert tuple(e for o in outs for e in o.logprobs) == want.logprobs
+        assert "".join(o.text_delta for o in outs) == want.text
+        assert outs[-1].finish_reason == want.finish_reason
+    assert json.loads(expected[1].text) in ("yes", "no", "maybe")
+    refused = engine.add_request("bad", [5], SamplingParams(json_schema="{nope"))
+    with pytest.raises(RequestError, match="json_schema"):
+        await collect(refused)
 
 
 async def test_abort_ends_the_stream_and_frees_the_blocks(

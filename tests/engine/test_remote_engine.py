@@ -1,5 +1,6 @@
-"""RemoteEngine over real HTTP against a server that replays vLLM's and SGLang's recorded
-wire format (neither runs without a GPU) and misbehaves on cue: refusals, malformed
+"""RemoteEngine over real HTTP against a server that replays vLLM's, SGLang's and
+llama-server's recorded wire format (the first two do not run without a GPU) and misbehaves
+on cue: refusals, malformed
 chunks, a stream cut or stalled, a server that is not ready. The same engine against a
 real llama-server is tested end to end in tests/e2e/test_llama_server.py."""
 
@@ -80,6 +81,7 @@ async def replay() -> AsyncIterator[tuple[Replay, str]]:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/generate", generate)
+    app.router.add_post("/completion", generate)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -91,8 +93,12 @@ async def replay() -> AsyncIterator[tuple[Replay, str]]:
         await runner.cleanup()
 
 
+def fixture(kind: str) -> dict[str, Any]:
+    return dict(json.loads((FIXTURES / f"{kind}.json").read_text()))
+
+
 def load(kind: str) -> list[str]:
-    return list(json.loads((FIXTURES / f"{kind}.json").read_text())["stream"])
+    return list(fixture(kind)["stream"])
 
 
 def config(url: str, kind: str = "vllm", **overrides: Any) -> RemoteConfig:
@@ -231,3 +237,53 @@ async def until(condition: Callable[[], bool], timeout: float = 3.0) -> None:
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "llama-server"])
+async def test_each_output_carries_the_logprobs_of_its_tokens(
+    replay: tuple[Replay, str], kind: str
+) -> None:
+    state, url = replay
+    example = fixture(kind)["logprobs_example"]
+    state.stream = example["stream"]
+    engine = await RemoteEngine.start(config(url, kind))
+    try:
+        outputs = await collect(engine, "r1", logprobs=2)
+    finally:
+        await engine.shutdown()
+    assert all(len(o.logprobs) == len(o.new_token_ids) for o in outputs)
+    assert [lp.token_id for o in outputs for lp in o.logprobs] == example["expected"]["token_ids"]
+    got = [
+        [lp.token_id, lp.logprob, [list(p) for p in lp.top]] for o in outputs for lp in o.logprobs
+    ]
+    assert got == example["expected"]["logprobs"]
+    assert outputs[-1].finish_reason == "length"
+    for name, value in example["request_delta"].items():
+        assert state.bodies[0][name] == value
+
+
+async def test_logprobs_end_with_the_stop_token_the_engine_stops_at(
+    replay: tuple[Replay, str],
+) -> None:
+    state, url = replay
+    state.stream = fixture("vllm")["logprobs_example"]["stream"]
+    engine = await RemoteEngine.start(config(url))
+    try:
+        outputs = await collect(engine, "r1", logprobs=2, stop_token_ids=(11,))
+    finally:
+        await engine.shutdown()
+    assert [lp.token_id for o in outputs for lp in o.logprobs] == [10, 11]
+    assert outputs[-1].finish_reason == "stop" and outputs[-1].logprobs[-1].token_id == 11
+
+
+async def test_a_run_its_server_cannot_constrain_fails_unsent(replay: tuple[Replay, str]) -> None:
+    """SGLang takes no Lark grammar: the run fails rather than run unconstrained."""
+    state, url = replay
+    state.stream = load("sglang")
+    engine = await RemoteEngine.start(config(url, "sglang"))
+    try:
+        outputs = await collect(engine, "r1", grammar="start: /a/")
+        assert outputs[-1].finish_reason == "error" and "grammar" in outputs[-1].error
+        assert not engine.lost.is_set() and state.bodies == []
+    finally:
+        await engine.shutdown()

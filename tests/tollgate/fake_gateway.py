@@ -92,9 +92,10 @@ def script(
         events_pb2.RunEvent(prefill=events_pb2.Prefill(worker_id="w1", lease_epoch=1)),
     ]
     for i, piece in enumerate(pieces):
-        events.append(
-            events_pb2.RunEvent(streaming=events_pb2.Streaming(token_ids=[10 + i], text=piece))
-        )
+        streaming = events_pb2.Streaming(token_ids=[10 + i], text=piece)
+        if request.sampling.logprobs:
+            streaming.logprobs.append(logprob_of(10 + i, request.sampling.top_logprobs))
+        events.append(events_pb2.RunEvent(streaming=streaming))
     if end == "completed":
         events.append(
             events_pb2.RunEvent(completed=events_pb2.Completed(finish_reason="length", usage=usage))
@@ -112,6 +113,14 @@ def script(
     for seq, event in enumerate(events, start=1):
         _stamp(event, run_id, seq)
     return events
+
+
+def logprob_of(token_id: int, num_top: int) -> events_pb2.TokenLogprob:
+    """The token at -0.5, and the `num_top` likeliest: itself, then the next ids, each less likely."""
+    top = [
+        events_pb2.TopLogprob(token_id=token_id + k, logprob=-0.5 * (k + 1)) for k in range(num_top)
+    ]
+    return events_pb2.TokenLogprob(token_id=token_id, logprob=-0.5, top=top)
 
 
 def _stamp(event: events_pb2.RunEvent, run_id: str, seq: int) -> None:

@@ -96,6 +96,98 @@ async def test_generate_sends_penalties_and_biases(
     assert code == 2 and "TOKEN=BIAS" in err
 
 
+async def test_generate_sends_a_schema_tools_and_a_tool_choice(
+    fake: FakeServer, stack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    (tmp_path / "tools.json").write_text(json.dumps([tool]))
+    code, _, err = await tollgate(
+        capsys, "generate", "Hi", *stack_args(stack), "--json-schema", "schema.json",
+        "--tools", "tools.json", "--tool-choice", "get_weather", "--no-parallel-tool-calls",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    code, _, err = await tollgate(
+        capsys, "generate", "Hi", *stack_args(stack), "--json-object", "--tools", "tools.json",
+        "--tool-choice", "none",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    first, second = (request.sampling for _, request, _ in fake.gateway.calls)
+    assert first.response_format.type == "json_schema"
+    assert json.loads(first.response_format.json_schema) == schema
+    assert [(t.name, json.loads(t.parameters)) for t in first.tools] == [("get_weather", schema)]
+    assert (first.tool_choice.mode, first.tool_choice.function) == ("function", "get_weather")
+    assert first.HasField("parallel_tool_calls") and not first.parallel_tool_calls
+    assert second.response_format.type == "json_object" and second.tool_choice.mode == "none"
+    assert not second.HasField("parallel_tool_calls")
+
+
+async def test_generate_reads_the_schema_from_stdin(
+    fake: FakeServer,
+    stack: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"type": "object"}'))
+    code, _, _ = await tollgate(capsys, "generate", "Hi", *stack_args(stack), "--json-schema", "-")
+    assert code == 0
+    [(_, request, _)] = fake.gateway.calls
+    assert json.loads(request.sampling.response_format.json_schema) == {"type": "object"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "files", "error"),
+    [
+        (("--json-schema", "none.json"), {}, "error: cannot read --json-schema none.json: "),
+        (("--json-schema", "s.json"), {"s.json": "{type"}, "error: --json-schema s.json is not JSON: "),
+        (("--json-schema", "s.json"), {"s.json": "[1]"}, "error: --json-schema s.json is not a JSON schema"),
+        (("--tools", "t.json"), {"t.json": "{}"}, "error: --tools t.json is not a JSON list of tools"),
+        (("--tools", "t.json"), {"t.json": '[{"type": "x"}]'}, "error: tools[0]: must be "),
+        (("--json-object", "--json-schema", "s.json"), {"s.json": "{}"}, "not allowed with argument"),
+    ],
+)  # fmt: skip
+async def test_generate_refuses_a_bad_schema_or_tools_file(
+    fake: FakeServer,
+    stack: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: Sequence[str],
+    files: dict[str, str],
+    error: str,
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, out, err = await tollgate(capsys, "generate", "Hi", *stack_args(stack), *flags)
+    assert (code, out) == (2, "")
+    assert error in err.splitlines()[-1]
+    assert fake.gateway.calls == []
+
+
+async def test_generate_logprobs_as_a_table_on_stderr_or_in_the_json_events(
+    fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.gateway.pieces = ("Hel", "lo")
+    code, out, err = await tollgate(capsys, "generate", "Hi", *stack_args(stack), "--logprobs", "2")
+    assert (code, out) == (0, "Hello\n")
+    assert err.splitlines() == [
+        "TOKEN_ID  LOGPROB  TOP",
+        "10        -0.5000  10:-0.5000 11:-1.0000",
+        "11        -0.5000  11:-0.5000 12:-1.0000",
+    ]
+    [(_, request, _)] = fake.gateway.calls
+    assert (request.sampling.logprobs, request.sampling.top_logprobs) == (True, 2)
+    code, out, err = await tollgate(
+        capsys, "generate", "Hi", *stack_args(stack), "--logprobs", "0", "--json"
+    )
+    assert (code, err) == (0, "")
+    streaming = [e for e in map(json.loads, out.splitlines()) if e["kind"] == "streaming"]
+    assert [e["logprobs"] for e in streaming] == [
+        [{"token_id": 10, "logprob": -0.5, "top": []}],
+        [{"token_id": 11, "logprob": -0.5, "top": []}],
+    ]
+
+
 async def test_generate_sends_chat_turns_in_command_line_order(
     fake: FakeServer, stack: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -232,3 +232,41 @@ async def test_admin_and_a_separate_ledger_address(fake: FakeServer) -> None:
 async def test_the_client_repr_hides_the_key(fake: FakeServer) -> None:
     with client(fake) as c:
         assert "key-1" not in repr(c)
+
+
+async def test_tools_and_logprobs_go_out_and_the_calls_and_logprobs_come_back(
+    fake: FakeServer,
+) -> None:
+    fake.gateway.pieces = ('{"tool_calls": [{"name": "now", ', '"arguments": {}}]}')
+    tool = {"type": "function", "function": {"name": "now"}}
+
+    def run() -> tuple[object, tuple[float, ...], object]:
+        with client(fake) as c, c.generate(
+            "What time is it?", model="tiny", tools=[tool], tool_choice="required",
+            logprobs=True, top_logprobs=1, until_terminal=True,
+        ) as stream:  # fmt: skip
+            before = stream.tool_calls
+            stream.wait()
+            return before, tuple(x.logprob for x in stream.logprobs), stream.tool_calls
+
+    before, logprobs, calls = await asyncio.to_thread(run)
+    [(_, request, _)] = fake.gateway.calls
+    assert [t.name for t in request.sampling.tools] == ["now"]
+    assert request.sampling.tool_choice.mode == "required"
+    assert (request.sampling.logprobs, request.sampling.top_logprobs) == (True, 1)
+    assert before is None and logprobs == (-0.5, -0.5)
+    assert isinstance(calls, tuple) and [(c.name, c.arguments) for c in calls] == [("now", "{}")]
+
+
+async def test_a_text_answer_or_a_run_offered_no_tools_has_no_calls(fake: FakeServer) -> None:
+    fake.gateway.pieces = ('{"tool_calls": [{"name": "now"}]}',)
+
+    def calls(**kwargs) -> object:  # type: ignore[no-untyped-def]
+        with client(fake) as c, c.generate("hi", model="tiny", **kwargs) as stream:
+            stream.wait()
+            return stream.tool_calls, stream.logprobs
+
+    assert await asyncio.to_thread(calls) == (None, ())
+    fake.gateway.pieces = ("It is noon.",)
+    tool = {"type": "function", "function": {"name": "now"}}
+    assert await asyncio.to_thread(calls, tools=[tool]) == (None, ())

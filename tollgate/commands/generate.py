@@ -1,9 +1,16 @@
-"""`tollgate generate PROMPT` (or `--system/--user/--assistant` turns): stream a run's text."""
+"""`tollgate generate PROMPT` (or `--system/--user/--assistant` turns): stream a run's text.
+
+`--json-schema`, `--json-object` and `--tools` shape the answer; `--logprobs N` reports
+each token's log-probability after it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tollgate.commands.connection import (
@@ -14,7 +21,9 @@ from tollgate.commands.connection import (
     resolve,
     tenant_client,
 )
+from tollgate.commands.output import logprobs_table
 from tollgate.commands.printing import print_stream
+from tollgate.structure import TOOL_CHOICE_MODES
 from tollgate.types import ChatMessage
 
 
@@ -47,6 +56,36 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="TOKEN=BIAS",
         help="add BIAS (-100 to 100) to token id TOKEN's logit (repeatable)",
+    )
+    structure = parser.add_argument_group("answer format, tools and logprobs (OpenAI's)")
+    formats = structure.add_mutually_exclusive_group()
+    formats.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="answer JSON valid against the schema in FILE (-: stdin)",
+    )
+    formats.add_argument("--json-object", action="store_true", help="answer one JSON object")
+    structure.add_argument(
+        "--tools", metavar="FILE", help="functions the model may call: a JSON list of OpenAI tools"
+    )
+    structure.add_argument(
+        "--tool-choice",
+        metavar="CHOICE",
+        help="auto (the default), none, required, or the name of the one function to call",
+    )
+    structure.add_argument(
+        "--no-parallel-tool-calls",
+        dest="parallel_tool_calls",
+        action="store_const",
+        const=False,
+        help="call at most one function",
+    )
+    structure.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="N",
+        help="each token's log-probability and the N (0 to 20) likeliest in its place:"
+        " in the events with --json, else a table on stderr",
     )
     parser.add_argument("--priority", choices=("interactive", "batch"), default="interactive")
     parser.add_argument("--idempotency-key", help="names the run; the same key attaches to it")
@@ -104,27 +143,80 @@ def prompt_or_messages(args: argparse.Namespace) -> tuple[str | None, list[ChatM
 @reports_errors
 def generate_command(args: argparse.Namespace) -> int:
     prompt, messages = prompt_or_messages(args)
+    response_format, tools = read_response_format(args), read_tools(args.tools)
     connection = resolve(args)
     model = connection.require_model(args.model)
     with tenant_client(connection) as client:
-        stream = client.generate(
-            prompt,
-            messages=messages,
-            model=model,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            stop=args.stop,
-            frequency_penalty=args.frequency_penalty,
-            presence_penalty=args.presence_penalty,
-            repetition_penalty=args.repetition_penalty,
-            min_p=args.min_p,
-            logit_bias=dict(args.logit_bias),
-            priority=args.priority,
-            idempotency_key=args.idempotency_key,
-            # Plain text is complete at the terminal event; billing comes after.
-            until_terminal=args.until_terminal or not args.json,
-        )
-        return print_stream(stream, as_json=args.json)
+        try:
+            stream = client.generate(
+                prompt,
+                messages=messages,
+                model=model,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                seed=args.seed,
+                stop=args.stop,
+                frequency_penalty=args.frequency_penalty,
+                presence_penalty=args.presence_penalty,
+                repetition_penalty=args.repetition_penalty,
+                min_p=args.min_p,
+                logit_bias=dict(args.logit_bias),
+                response_format=response_format,
+                tools=tools,
+                tool_choice=tool_choice_named(args.tool_choice),
+                parallel_tool_calls=args.parallel_tool_calls,
+                logprobs=args.logprobs is not None,
+                top_logprobs=args.logprobs or 0,
+                priority=args.priority,
+                idempotency_key=args.idempotency_key,
+                # Plain text is complete at the terminal event; billing comes after.
+                until_terminal=args.until_terminal or not args.json,
+            )
+        except ValueError as exc:  # e.g. a --tools file of the wrong shape
+            raise CommandError(str(exc)) from None
+        code = print_stream(stream, as_json=args.json)
+        if args.logprobs is not None and not args.json:
+            print(logprobs_table(stream.logprobs), file=sys.stderr)
+        return code
+
+
+def read_response_format(args: argparse.Namespace) -> dict[str, Any] | None:
+    """OpenAI's response_format for --json-schema FILE or --json-object; None for text."""
+    if args.json_object:
+        return {"type": "json_object"}
+    if args.json_schema is None:
+        return None
+    schema = read_json("--json-schema", args.json_schema)
+    if not isinstance(schema, dict | bool):
+        raise CommandError(f"--json-schema {args.json_schema} is not a JSON schema (an object)")
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+def read_tools(path: str | None) -> list[Any] | None:
+    if path is None:
+        return None
+    found = read_json("--tools", path)
+    if not isinstance(found, list):
+        raise CommandError(f"--tools {path} is not a JSON list of tools")
+    return found
+
+
+def tool_choice_named(choice: str | None) -> str | dict[str, Any] | None:
+    """A mode as it is; any other word names the one function to call."""
+    if choice is None or choice in TOOL_CHOICE_MODES:
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def read_json(flag: str, path: str) -> Any:
+    """The JSON in the file `path` names (`-`: stdin)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CommandError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{flag} {path} is not JSON: {exc.msg}") from None

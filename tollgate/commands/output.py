@@ -15,6 +15,7 @@ from tollgate.types import (
     Run,
     RunEvent,
     Tenant,
+    TokenLogprob,
     Usage,
     UsageReport,
 )
@@ -101,6 +102,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
     return "\n".join(lines)
+
+
+def logprobs_table(logprobs: Sequence[TokenLogprob]) -> str:
+    """One row per token: its id, its log-probability, and the likeliest in its place."""
+    rows = [
+        (
+            x.token_id,
+            f"{x.logprob:.4f}",
+            " ".join(f"{t.token_id}:{t.logprob:.4f}" for t in x.top) or "-",
+        )
+        for x in logprobs
+    ]
+    return table(("TOKEN_ID", "LOGPROB", "TOP"), rows)
 
 
 def when(value: datetime | None) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
 
+from engine.structure import ToolCall
 from services.admission.catalog import ModelEntry
 from services.admission.key_store import (
     DEFAULT_OVERLAP_SECONDS,
@@ -18,13 +19,14 @@ from services.admission.key_store import (
     overlap_violation,
     scope_violations,
 )
-from services.admission.requests import PRIORITIES, GenerateParams, Limits, Sampling
+from services.admission.requests import PRIORITIES, ChatTurn, GenerateParams, Limits, Sampling
 from services.admission.tenant_store import KeyQuota, TenantRecord
 from services.core.codec import PROTO_STATES
 from services.core.errors import FieldViolation, InvalidArgument
 from services.core.quota_store import RATE_FIELDS
 from services.core.quotas import BUDGET_PERIODS, QuotaLimits
 from services.core.runs import RunView
+from services.core.sampling import structure_from_proto
 from services.core.validation import duration_seconds, timestamp_violation
 from tollgate.v1 import admin_pb2, events_pb2, gateway_pb2
 
@@ -47,6 +49,10 @@ def params_from_proto(request: events_pb2.GenerateRequest, limits: Limits) -> Ge
         repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else None,
         min_p=s.min_p if s.HasField("min_p") else None,
         logit_bias=tuple(sorted(s.logit_bias.items())),
+        structure=structure_from_proto(s),
+        logprobs=s.logprobs,
+        top_logprobs=s.top_logprobs,
+        n=s.n if s.HasField("n") else 1,
     )
     priority = PRIORITIES.get(
         request.priority or events_pb2.PRIORITY_INTERACTIVE, f"unknown ({request.priority})"
@@ -54,7 +60,15 @@ def params_from_proto(request: events_pb2.GenerateRequest, limits: Limits) -> Ge
     return GenerateParams(
         model=request.model,
         prompt=request.prompt,
-        messages=tuple((m.role, m.content) for m in request.messages),
+        messages=tuple(
+            ChatTurn(
+                m.role,
+                m.content,
+                tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                m.tool_call_id,
+            )
+            for m in request.messages
+        ),
         sampling=sampling,
         priority=priority,
         idempotency_key=request.idempotency_key,

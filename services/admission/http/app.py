@@ -193,8 +193,16 @@ class HttpApi:
         require_model(principal, params.model)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         started = await self.gateway.start(tenant_id, params, key_id)
+        sampling = params.sampling
+        tokenizer = self.gateway.catalog.get(params.model).tokenizer
         completion = Completion(
-            bool(params.messages), started.run_id, params.model, include_usage=include_usage
+            bool(params.messages),
+            started.run_id,
+            params.model,
+            include_usage=include_usage,
+            tools=sampling.structure.calls_tools,
+            token_bytes=tokenizer.token_bytes if sampling.logprobs else None,
+            n=sampling.n,
         )
         events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
         if body.stream:

@@ -2,24 +2,28 @@
 (no I/O).
 
 Unknown fields are ignored, as OpenAI's API does; a field that would change the answer in
-a way Tollgate cannot honour (`logprobs`, `tools`, `response_format` other than text, `n`
-other than 1, ...) is refused with a 400 naming it rather than silently dropped.
+a way Tollgate cannot honour (`echo`, `suffix`, `best_of`, ...) is refused with a
+400 naming it rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.admission.requests import GenerateParams, Limits, Sampling
+from engine.structure import FREE_TEXT, FunctionTool, Structure, ToolCall
+from services.admission.requests import ChatTurn, GenerateParams, Limits, Sampling
 from services.core.errors import FieldViolation, InvalidArgument
 
 # OpenAI's default is the rest of the context; Tollgate reserves KV blocks for the whole
 # answer up front, so an unset max_tokens must be a modest number.
 DEFAULT_MAX_TOKENS = 512
+# OpenAI's bound on the completions endpoint's logprobs.
+MAX_COMPLETION_LOGPROBS = 5
 MAX_SEED = 2**64 - 1
 IDEMPOTENCY_HEADER = "idempotency-key"
 GRACE_HEADER = "x-tollgate-disconnect-grace"
@@ -38,6 +42,9 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = Field(
         default=None, description='text, or a list of `{"type": "text", "text": ...}` parts'
     )
+    # An assistant's earlier calls; a tool's answer names the call it answers.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class _Common(BaseModel):
@@ -72,6 +79,7 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
 
@@ -95,13 +103,24 @@ def chat_params(
             violations.append(
                 FieldViolation(f"messages[{i}].content", "only text content parts are supported")
             )
-        messages.append((ROLE_ALIASES.get(message.role, message.role), text or ""))
+        calls = _tool_calls(message.tool_calls or [], f"messages[{i}].tool_calls", violations)
+        role = ROLE_ALIASES.get(message.role, message.role)
+        messages.append(ChatTurn(role, text or "", calls, message.tool_call_id or ""))
+    structure = _structure(body, violations)
     if violations:
         raise InvalidArgument(violations)
     max_tokens = (
         body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
     )
-    return _params(body, headers, limits, max_tokens, messages=tuple(messages))
+    return _params(
+        body,
+        headers,
+        limits,
+        max_tokens,
+        messages=tuple(messages),
+        structure=structure,
+        logprobs=(bool(body.logprobs), body.top_logprobs or 0),
+    )
 
 
 def completion_params(
@@ -112,7 +131,8 @@ def completion_params(
     if violations:
         raise InvalidArgument(violations)
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    return _params(body, headers, limits, body.max_tokens, prompt=prompt)
+    logprobs = (body.logprobs is not None, body.logprobs or 0)
+    return _params(body, headers, limits, body.max_tokens, prompt=prompt, logprobs=logprobs)
 
 
 def param_names(body: _Common) -> dict[str, str]:
@@ -129,11 +149,25 @@ def param_names(body: _Common) -> dict[str, str]:
         "sampling.repetition_penalty": "repetition_penalty",
         "sampling.min_p": "min_p",
         "sampling.logit_bias": "logit_bias",
+        "sampling.logprobs": "logprobs",
+        "sampling.n": "n",
+        "sampling.top_logprobs": "logprobs",
         "idempotency_key": "Idempotency-Key",
         "disconnect_grace": GRACE_HEADER,
     }
     if isinstance(body, ChatCompletionRequest):
-        names["prompt"] = "messages"
+        names |= {
+            "prompt": "messages",
+            "sampling.top_logprobs": "top_logprobs",
+            "sampling.response_format.type": "response_format.type",
+            "sampling.response_format.json_schema": "response_format.json_schema",
+            "sampling.tools": "tools",
+            "sampling.tool_choice.mode": "tool_choice",
+            "sampling.tool_choice.function": "tool_choice",
+        }
+        for i in range(len(body.tools or ())):
+            names[f"sampling.tools[{i}].name"] = f"tools[{i}].function.name"
+            names[f"sampling.tools[{i}].parameters"] = f"tools[{i}].function.parameters"
         if body.max_completion_tokens is not None:
             names["sampling.max_tokens"] = "max_completion_tokens"
     return names
@@ -146,7 +180,9 @@ def _params(
     max_tokens: int | None,
     *,
     prompt: str = "",
-    messages: tuple[tuple[str, str], ...] = (),
+    messages: tuple[ChatTurn, ...] = (),
+    structure: Structure = FREE_TEXT,
+    logprobs: tuple[bool, int] = (False, 0),
 ) -> GenerateParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return GenerateParams(
@@ -168,6 +204,10 @@ def _params(
             repetition_penalty=body.repetition_penalty,
             min_p=body.min_p,
             logit_bias=_logit_bias(body),
+            structure=structure,
+            logprobs=logprobs[0],
+            top_logprobs=logprobs[1],
+            n=1 if body.n is None else body.n,
         ),
         priority="interactive",
         idempotency_key=headers.get(IDEMPOTENCY_HEADER, ""),
@@ -208,8 +248,6 @@ def _unsupported(name: str, why: str = "is not supported") -> FieldViolation:
 
 def _common_violations(body: _Common) -> list[FieldViolation]:
     found = []
-    if body.n not in (None, 1):
-        found.append(_unsupported("n", "only n=1 is supported"))
     if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
         found.append(FieldViolation("seed", f"must be between 0 and {MAX_SEED}"))
     if any(not _is_token_id(token) for token in body.logit_bias or {}):
@@ -225,16 +263,74 @@ def _logit_bias(body: _Common) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
+def _structure(body: ChatCompletionRequest, found: list[FieldViolation]) -> Structure:
+    """OpenAI's response_format, tools and tool_choice as admission's Structure; what is
+    malformed in their shapes goes to `found` (what they say is checked with the rest)."""
+    response_format, json_schema = "text", ""
+    if body.response_format is not None:
+        response_format = str(body.response_format.get("type"))
+        if response_format == "json_schema":
+            spec = body.response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict | bool):
+                found.append(FieldViolation("response_format.json_schema", "give its schema"))
+            json_schema = json.dumps(schema)
+    tools = []
+    for i, tool in enumerate(body.tools or ()):
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict):
+            found.append(FieldViolation(f"tools[{i}].type", "only function tools are supported"))
+            continue
+        parameters = function.get("parameters")
+        tools.append(
+            FunctionTool(
+                str(function.get("name", "")),
+                str(function.get("description") or ""),
+                "" if parameters is None else json.dumps(parameters),
+            )
+        )
+    mode, function_name = "auto" if body.tools else "none", ""
+    if isinstance(body.tool_choice, str):
+        mode = body.tool_choice
+    elif isinstance(body.tool_choice, dict):
+        named = body.tool_choice.get("function")
+        mode = "function"
+        function_name = str(named.get("name", "")) if isinstance(named, dict) else ""
+    return Structure(
+        response_format=response_format,
+        json_schema=json_schema,
+        tools=tuple(tools),
+        tool_choice=mode,
+        function=function_name,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+    )
+
+
+def _tool_calls(
+    calls: list[dict[str, Any]], field: str, found: list[FieldViolation]
+) -> tuple[ToolCall, ...]:
+    """An assistant message's earlier calls, in OpenAI's shape."""
+    read = []
+    for i, call in enumerate(calls):
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            found.append(FieldViolation(f"{field}[{i}].function", "give the name and arguments"))
+            continue
+        arguments = function.get("arguments", "{}")
+        read.append(
+            ToolCall(
+                str(call.get("id", "")),
+                function["name"],
+                arguments if isinstance(arguments, str) else json.dumps(arguments),
+            )
+        )
+    return tuple(read)
+
+
 def _chat_violations(body: ChatCompletionRequest) -> list[FieldViolation]:
     found = []
-    if body.logprobs or body.top_logprobs:
-        found.append(_unsupported("logprobs" if body.logprobs else "top_logprobs"))
-    if body.tools:
-        found.append(_unsupported("tools"))
-    if body.tool_choice not in (None, "none", "auto"):
-        found.append(_unsupported("tool_choice"))
-    if body.response_format and body.response_format.get("type") != "text":
-        found.append(_unsupported("response_format", "only the text response format is supported"))
+    if body.top_logprobs and not body.logprobs:
+        found.append(FieldViolation("top_logprobs", "needs logprobs: true"))
     if not body.messages:
         found.append(FieldViolation("messages", "must not be empty"))
     return found
@@ -244,8 +340,8 @@ def _completion_violations(body: CompletionRequest) -> list[FieldViolation]:
     found = []
     if isinstance(body.prompt, list) and len(body.prompt) != 1:
         found.append(FieldViolation("prompt", "give one prompt (a string)"))
-    if body.logprobs is not None:
-        found.append(_unsupported("logprobs"))
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
+        found.append(FieldViolation("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}"))
     if body.echo:
         found.append(_unsupported("echo"))
     if body.suffix:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +26,8 @@ from services.core.errors import (
     Unavailable,
 )
 from services.core.runs import RunState, RunView, StoredEvent
+from tollgate.structure import tool_calls_of
+from tollgate.types import ToolCall
 from tollgate.v1 import events_pb2
 
 DONE = b"data: [DONE]\n\n"
@@ -114,18 +116,55 @@ def usage_body(usage: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# A token id -> the bytes it stands for (the model's tokenizer).
+TokenBytes = Callable[[int], bytes]
+
+
+@dataclass(slots=True)
+class Answer:
+    """One choice of a completion, as far as its run's events have told it."""
+
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: list[Mapping[str, Any]] = field(default_factory=list)
+    # Streaming: the text and logprobs not sent yet while it may still be a call.
+    held: str = ""
+    held_logprobs: list[Mapping[str, Any]] = field(default_factory=list)
+    text_offset: int = 0
+    # Streaming: its finish reason has been sent.
+    sent_end: bool = False
+
+
 @dataclass(slots=True)
 class Completion:
-    """One completion as it is streamed or answered whole: chat or text."""
+    """One completion as it is streamed or answered whole: chat or text, with `n` choices.
+
+    With `tools`, an answer that opens with `{` is held back until it ends, then given as
+    OpenAI's `tool_calls` (finish reason "tool_calls") when it parses as calls, else as the
+    text it is. With `token_bytes`, each token's logprobs go with its text. A choice ends
+    with the `streaming` event that says so (n > 1) or with the run's `completed`.
+    """
 
     chat: bool
     run_id: str
     model: str
     include_usage: bool = False
+    tools: bool = False
+    token_bytes: TokenBytes | None = None
+    n: int = 1
     created: int = 0
-    text: str = ""
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
+    answers: list[Answer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.answers = [Answer(i) for i in range(self.n)]
+
+    @property
+    def text(self) -> str:
+        return self.answers[0].text
 
     def frames(self, event: StoredEvent) -> list[bytes]:
         """The SSE frames `event` adds to the stream (none for most bookkeeping events)."""
@@ -135,53 +174,143 @@ class Completion:
             # A chat stream opens with the assistant's role, as OpenAI's does.
             if not self.chat:
                 return []
-            return [sse_frame(self._chunk({"role": "assistant", "content": ""}), seq)]
+            delta = {"role": "assistant", "content": ""}
+            return [sse_frame(self._chunk(a, delta), seq) for a in self.answers]
         if event.kind == RunState.STREAMING:
+            answer = self._answer(event)
+            answer.held += event.payload.get("text", "")
+            answer.held_logprobs += event.payload.get("logprobs", [])
+            if answer.finish_reason is not None:
+                return [sse_frame(chunk, seq) for chunk in self._ending(answer)]
+            if self.tools and answer.held.lstrip()[:1] in ("", "{"):
+                return []  # a call, maybe: held until the answer ends
             # Even without text (a character still incomplete), so that its seq is seen.
-            text = event.payload.get("text", "")
-            return [sse_frame(self._chunk({"content": text}, text=text), seq)]
+            return [sse_frame(self._text_chunk(answer), seq)]
         if event.kind == RunState.COMPLETED:
-            frames = [sse_frame(self._chunk({}, finish_reason=self.finish_reason), seq)]
+            chunks = [c for a in self.answers if not a.sent_end for c in self._ending(a)]
             if self.include_usage:
-                frames.append(sse_frame(self._usage_chunk(), seq))
-            return [*frames, DONE]
+                chunks.append(self._usage_chunk())
+            return [*(sse_frame(c, seq) for c in chunks), DONE]
         failure = run_failure(event)
         return [sse_frame(failure, seq), DONE] if failure else []
 
     def body(self) -> dict[str, Any]:
         """The whole completion, once its run completed."""
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}}
-        else:
-            choice = {"index": 0, "text": self.text}
-        choice |= {"logprobs": None, "finish_reason": self.finish_reason}
-        return {**self._head(), "choices": [choice], "usage": usage_body(self.usage or {})}
+        choices = [self._choice(answer) for answer in self.answers]
+        return {**self._head(), "choices": choices, "usage": usage_body(self.usage or {})}
 
     def add(self, event: StoredEvent) -> None:
         """Takes in what `event` says of the answer."""
         if event.kind == RunState.QUEUED:
             self.created = int(event.created_at.timestamp())
         elif event.kind == RunState.STREAMING:
-            self.text += event.payload.get("text", "")
+            answer = self._answer(event)
+            answer.text += event.payload.get("text", "")
+            answer.logprobs += event.payload.get("logprobs", [])
+            if event.payload.get("finish_reason"):
+                self._end(answer, event.payload["finish_reason"])
         elif event.kind == RunState.COMPLETED:
             reason = event.payload.get("finish_reason") or "stop"
             self.finish_reason = FINISH_REASONS.get(reason, reason)
             self.usage = event.payload.get("usage", {})
+            for answer in self.answers:
+                if answer.finish_reason is None:
+                    self._end(answer, reason)
+
+    def _answer(self, event: StoredEvent) -> Answer:
+        index = int(event.payload.get("index", 0))
+        return self.answers[index] if 0 <= index < len(self.answers) else self.answers[0]
+
+    def _end(self, answer: Answer, reason: str) -> None:
+        answer.finish_reason = FINISH_REASONS.get(reason, reason)
+        # Each choice's calls get ids of their own.
+        key = self.run_id if answer.index == 0 else f"{self.run_id}:{answer.index}"
+        calls = tool_calls_of(answer.text, key) if self.tools else None
+        if calls and reason == "stop":
+            answer.tool_calls, answer.finish_reason = calls, "tool_calls"
+
+    def _ending(self, answer: Answer) -> list[dict[str, Any]]:
+        """The chunks that end a choice: what it held back, then its finish reason."""
+        if answer.tool_calls:
+            calls = [_call_json(i, c) for i, c in enumerate(answer.tool_calls)]
+            chunks = [self._chunk(answer, {"tool_calls": calls})]
+        else:
+            chunks = [self._text_chunk(answer)] if answer.held else []
+        chunks.append(self._chunk(answer, {}, finish_reason=answer.finish_reason))
+        answer.sent_end = True
+        return chunks
+
+    def _choice(self, answer: Answer) -> dict[str, Any]:
+        logprobs = self._logprobs(answer, answer.logprobs) if not answer.tool_calls else None
+        if self.chat and answer.tool_calls:
+            calls = [_call_json(i, c) for i, c in enumerate(answer.tool_calls)]
+            for call in calls:
+                del call["index"]
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            choice: dict[str, Any] = {"index": answer.index, "message": message}
+        elif self.chat:
+            message = {"role": "assistant", "content": answer.text}
+            choice = {"index": answer.index, "message": message}
+        else:
+            choice = {"index": answer.index, "text": answer.text}
+        return choice | {"logprobs": logprobs, "finish_reason": answer.finish_reason}
+
+    def _text_chunk(self, answer: Answer) -> dict[str, Any]:
+        """The held text and its logprobs, which it sends."""
+        text, answer.held = answer.held, ""
+        logprobs = self._logprobs(answer, answer.held_logprobs)
+        answer.held_logprobs = []
+        return self._chunk(answer, {"content": text}, text=text, logprobs=logprobs)
+
+    def _logprobs(self, answer: Answer, entries: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """OpenAI's logprobs object for `entries` (the `streaming` events' TokenLogprob
+        JSON); None when the run asked for none."""
+        if self.token_bytes is None:
+            return None
+        if self.chat:
+            return {"content": [self._chat_logprob(e) for e in entries]}
+        tokens, offsets = [], []
+        for entry in entries:
+            tokens.append(self._piece(entry)["token"])
+            offsets.append(answer.text_offset)
+            answer.text_offset += len(tokens[-1])
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_logprob(e) for e in entries],
+            "top_logprobs": [
+                {self._piece(t)["token"]: _logprob(t) for t in e.get("top", [])} for e in entries
+            ],
+            "text_offset": offsets,
+        }
+
+    def _chat_logprob(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        top = [self._piece(t) | {"logprob": _logprob(t)} for t in entry.get("top", [])]
+        return self._piece(entry) | {"logprob": _logprob(entry), "top_logprobs": top}
+
+    def _piece(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        assert self.token_bytes is not None
+        raw = self.token_bytes(int(entry.get("token_id", 0)))
+        return {"token": raw.decode(errors="replace"), "bytes": list(raw)}
 
     def _head(self) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
         return {"id": self.run_id, "object": kind, "created": self.created, "model": self.model}
 
     def _chunk(
-        self, delta: dict[str, Any], text: str = "", finish_reason: str | None = None
+        self,
+        answer: Answer,
+        delta: dict[str, Any],
+        text: str = "",
+        finish_reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         head = self._head()
         if self.chat:
             head["object"] = "chat.completion.chunk"
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": answer.index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text}
-        choice |= {"logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": answer.index, "text": text}
+        choice |= {"logprobs": logprobs, "finish_reason": finish_reason}
         return {**head, "choices": [choice]}
 
     def _usage_chunk(self) -> dict[str, Any]:
@@ -189,6 +318,16 @@ class Completion:
         if self.chat:
             head["object"] = "chat.completion.chunk"
         return {**head, "choices": [], "usage": usage_body(self.usage or {})}
+
+
+def _call_json(index: int, call: ToolCall) -> dict[str, Any]:
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"index": index, "id": call.id, "type": "function", "function": function}
+
+
+def _logprob(entry: Mapping[str, Any]) -> float:
+    # proto3's JSON leaves a zero out.
+    return float(entry.get("logprob", 0.0))
 
 
 def timestamp(moment: datetime | None) -> str | None:

@@ -58,7 +58,7 @@ def test_chat_fields_become_sampling_and_headers_become_key_and_grace() -> None:
         user="someone",
         unknown_field={"ignored": True},
     )
-    assert params.messages == (("user", "hi"),)
+    assert [m[:2] for m in params.messages] == [("user", "hi")]
     assert params.sampling.max_tokens == 9 and params.sampling.temperature == 0
     assert params.sampling.stop == ("END",) and params.sampling.seed == 7
     assert params.sampling.top_k == 3 and params.sampling.ignore_eos
@@ -75,7 +75,7 @@ def test_max_completion_tokens_wins_and_an_unset_one_has_a_default() -> None:
 def test_text_parts_are_joined_and_developer_is_system() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     params = chat(messages=[{"role": "developer", "content": parts}])
-    assert params.messages == (("system", "ab"),)
+    assert [m[:2] for m in params.messages] == [("system", "ab")]
     image = [{"type": "image_url", "image_url": {"url": "x"}}]
     assert refused_param(lambda: chat(messages=[{"role": "user", "content": image}])) == (
         "messages[0].content"
@@ -85,12 +85,17 @@ def test_text_parts_are_joined_and_developer_is_system() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function"}]}, "tools[0].type"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]},
+            "messages[0].tool_calls[0].function",
+        ),
         ({"logit_bias": {"the": 2.0}}, "logit_bias"),
         ({"logit_bias": {"-1": 2.0}}, "logit_bias"),
         ({"seed": -1}, "seed"),
@@ -102,8 +107,108 @@ def test_what_cannot_be_honoured_is_refused_by_name(fields: dict[str, Any], para
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted() -> None:
-    chat(n=1, logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"})
+    params = chat(
+        n=1, logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"}
+    )
+    assert not params.sampling.structure.constrained and not params.sampling.logprobs
     chat(presence_penalty=0, frequency_penalty=0.0, logit_bias={})
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_response_format_and_tools_become_the_structure_and_its_stored_form() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    formatted = chat(
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    )
+    assert formatted.sampling.structure.response_format == "json_schema"
+    assert json.loads(formatted.sampling.structure.json_schema) == schema
+    stored = formatted.sampling.payload()["response_format"]
+    assert stored["type"] == "json_schema" and json.loads(stored["json_schema"]) == schema
+    assert chat(response_format={"type": "json_object"}).sampling.structure.constraint() == (
+        '{"type": "object"}',
+        "",
+    )
+    tools = chat(
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+    ).sampling
+    structure = tools.structure
+    assert [t.name for t in structure.tools] == ["get_weather"]
+    assert (structure.tool_choice, structure.function) == ("function", "get_weather")
+    assert not structure.parallel_tool_calls and structure.calls_tools
+    payload = tools.payload()
+    assert payload["tool_choice"] == {"mode": "function", "function": "get_weather"}
+    assert payload["tools"][0]["name"] == "get_weather" and payload["parallel_tool_calls"] is False
+    assert chat(tools=[WEATHER]).sampling.structure.tool_choice == "auto"
+    assert not chat(tools=[WEATHER], tool_choice="none").sampling.structure.calls_tools
+
+
+def test_what_the_structure_says_is_checked_and_named_as_openai_names_it() -> None:
+    bad_name = {"type": "function", "function": {"name": "no spaces", "parameters": {}}}
+    cases = [
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        ({"tools": [bad_name]}, "tools[0].function.name"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"n": 0}, "n"),
+        ({"n": 17}, "n"),
+    ]
+    for fields, param in cases:
+        body = ChatCompletionRequest.model_validate({"model": "m", "messages": CHAT, **fields})
+        found = field_violations(chat_params(body, {}, LIMITS), ["m"], LIMITS)
+        assert [param_names(body)[v.field] for v in found] == [param], fields
+
+
+def test_an_assistants_calls_and_a_tools_answer_are_turns_of_the_conversation() -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
+    params = chat(
+        messages=[
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+        tools=[WEATHER],
+    )
+    assistant, tool = params.messages[1], params.messages[2]
+    assert assistant.tool_calls[0].name == "get_weather"
+    assert json.loads(assistant.tool_calls[0].arguments) == {"city": "Oslo"}
+    assert (tool.role, tool.content, tool.tool_call_id) == ("tool", "sunny", "call_1")
+    # A plain conversation hashes as it always has.
+    plain = chat()
+    assert plain.messages[0].canonical() == ["user", "hi"]
+
+
+def test_logprobs_become_sampling_on_both_endpoints() -> None:
+    sampling = chat(logprobs=True, top_logprobs=3).sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 3)
+    assert sampling.payload()["top_logprobs"] == 3
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 2})
+    sampling = completion_params(body, {}, LIMITS).sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 2)
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 0})
+    assert completion_params(body, {}, LIMITS).sampling.logprobs
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "p", "logprobs": 6})
+    assert refused_param(lambda: completion_params(body, {}, LIMITS)) == "logprobs"
 
 
 def test_penalties_and_biases_become_sampling_and_out_of_range_ones_are_named() -> None:
@@ -149,7 +254,7 @@ def test_completion_prompts() -> None:
     assert refused_param(lambda: complete(prompt=["a", "b"])) == "prompt"
     assert refused_param(lambda: complete(prompt="a", echo=True)) == "echo"
     assert refused_param(lambda: complete(prompt="a", best_of=2)) == "best_of"
-    assert refused_param(lambda: complete(prompt="a", logprobs=1)) == "logprobs"
+    assert refused_param(lambda: complete(prompt="a", logprobs=9)) == "logprobs"
 
 
 def test_json_infinities_are_refused_by_the_body_model() -> None:
@@ -245,6 +350,111 @@ def test_a_text_stream_without_usage_and_the_whole_body() -> None:
     body = completion.body()
     assert body["choices"][0]["text"] == "Hello" and body["usage"]["completion_tokens"] == 4
     assert body["created"] == int(datetime(2026, 1, 1, tzinfo=UTC).timestamp())
+
+
+CALL_TEXT = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}'
+
+
+def run_saying(*texts: str, finish_reason: str = "stop", **streaming: Any) -> list[StoredEvent]:
+    said = [
+        event(3 + i, RunState.STREAMING, text=text, token_ids=[i], **streaming)
+        for i, text in enumerate(texts)
+    ]
+    usage = {"prompt_tokens": 4, "output_tokens": len(texts)}
+    done = event(3 + len(texts), RunState.COMPLETED, finish_reason=finish_reason, usage=usage)
+    return [event(1, RunState.QUEUED), *said, done]
+
+
+def rendered(completion: Completion, events: list[StoredEvent]) -> list[dict[str, Any]]:
+    chunks = []
+    for stored in events:
+        for frame in completion.frames(stored):
+            data = frame.decode().strip().split("data: ", 1)[1]
+            if data != "[DONE]":
+                chunks.append(json.loads(data))
+    return chunks
+
+
+def test_a_call_is_held_back_and_streamed_as_tool_calls() -> None:
+    run = run_saying(" ", CALL_TEXT[:20], CALL_TEXT[20:])
+    chunks = rendered(Completion(True, "run_1", "m", tools=True), run)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any(d.get("content") for d in deltas)
+    (calls,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert calls[0]["index"] == 0 and calls[0]["id"].startswith("call_")
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    whole = Completion(True, "run_1", "m", tools=True)
+    for stored in run:
+        whole.add(stored)
+    message = whole.body()["choices"][0]["message"]
+    assert message["content"] is None and message["tool_calls"][0]["id"] == calls[0]["id"]
+    assert whole.body()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_with_tools_a_text_answer_streams_as_text_and_a_cut_call_stays_text() -> None:
+    chunks = rendered(Completion(True, "run_1", "m", tools=True), run_saying("Sun", "ny"))
+    assert [c["choices"][0]["delta"].get("content") for c in chunks[1:3]] == ["Sun", "ny"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    cut = run_saying(CALL_TEXT[:30], finish_reason="length")
+    chunks = rendered(Completion(True, "run_1", "m", tools=True), cut)
+    assert chunks[1]["choices"][0]["delta"]["content"] == CALL_TEXT[:30]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_logprobs_go_with_their_text_in_openais_shapes() -> None:
+    pieces = {1: b"Hel", 2: b"lo", 3: b"\xe6"}
+    entry = {
+        "token_id": 1,
+        "logprob": -0.5,
+        "top": [{"token_id": 1, "logprob": -0.5}, {"token_id": 3}],
+    }
+    run = run_saying("Hel", logprobs=[entry])
+    chat_chunks = rendered(Completion(True, "run_1", "m", token_bytes=pieces.__getitem__), run)
+    (content,) = chat_chunks[1]["choices"][0]["logprobs"]["content"]
+    assert (content["token"], content["logprob"], content["bytes"]) == ("Hel", -0.5, [72, 101, 108])
+    assert [t["logprob"] for t in content["top_logprobs"]] == [-0.5, 0.0]
+    assert content["top_logprobs"][1]["bytes"] == [0xE6]
+    text = Completion(False, "run_1", "m", token_bytes=pieces.__getitem__)
+    for stored in run:
+        text.add(stored)
+    logprobs = text.body()["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["Hel"] and logprobs["token_logprobs"] == [-0.5]
+    assert logprobs["text_offset"] == [0] and logprobs["top_logprobs"][0]["Hel"] == -0.5
+    plain = Completion(True, "run_1", "m")
+    assert rendered(plain, run)[1]["choices"][0]["logprobs"] is None
+
+
+def test_n_choices_stream_by_index_and_each_ends_when_its_answer_does() -> None:
+    assert chat(n=3).sampling.n == 3 and chat(n=3).sampling.payload()["n"] == 3
+    assert "n" not in chat(n=1).sampling.payload()
+    run = [
+        event(1, RunState.QUEUED),
+        event(3, RunState.STREAMING, text="Hi", token_ids=[1], index=1),
+        event(4, RunState.STREAMING, text="Yo", token_ids=[2], finish_reason="stop"),
+        event(5, RunState.STREAMING, text="!", token_ids=[3], index=1, finish_reason="length"),
+        event(6, RunState.COMPLETED, finish_reason="length", usage={"output_tokens": 3}),
+    ]
+    chunks = rendered(Completion(True, "run_1", "m", n=2), run)
+    opened = [c["choices"][0]["index"] for c in chunks[:2]]
+    assert opened == [0, 1] and all(c["choices"][0]["delta"]["role"] for c in chunks[:2])
+    said = {0: "", 1: ""}
+    ends = {}
+    for chunk in chunks[2:]:
+        choice = chunk["choices"][0]
+        said[choice["index"]] += choice["delta"].get("content") or ""
+        if choice["finish_reason"]:
+            ends[choice["index"]] = choice["finish_reason"]
+    assert said == {0: "Yo", 1: "Hi!"} and ends == {0: "stop", 1: "length"}
+    whole = Completion(False, "run_1", "m", n=2)
+    for stored in run:
+        whole.add(stored)
+    choices = whole.body()["choices"]
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in choices] == [
+        (0, "Yo", "stop"),
+        (1, "Hi!", "length"),
+    ]
 
 
 def test_a_failed_run_ends_the_stream_with_an_error_frame() -> None:

@@ -235,9 +235,11 @@ async def test_a_failed_append_tells_each_tenant_a_code_and_no_detail(store: Eve
     task = asyncio.create_task(appender.run())
     try:
         appender.on_step([out("a", 1), out("b", 1)])
-        await wait_until(lambda: not runs)
+        # Until the step is done with: each run is let go before its `failed` is stored.
+        await asyncio.wait_for(appender.flush(), 30)
     finally:
         task.cancel()
+    assert not runs
     for run_id in ("a", "b"):
         [*_, failed] = await store.read(run_id)
         assert failed.kind == RunState.FAILED

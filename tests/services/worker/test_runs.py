@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from services.core.runs import RunState, StoredEvent
 from services.worker.runs import AssignedRun, engine_lost_events, step_events
 
@@ -66,6 +66,43 @@ def test_steps_that_piled_up_become_one_streaming_event_then_the_end() -> None:
     streaming, completed = step_events(RUN, outputs)
     assert streaming.payload == {"token_ids": [5, 6, 7], "text": "abc"}
     assert completed.kind == RunState.COMPLETED
+
+
+def test_each_answer_streams_apart_and_says_when_it_ends() -> None:
+    run = AssignedRun(run_id="r1", tenant_id="t1", lease_epoch=1, last_seq=2, num_answers=2)
+
+    def answer(
+        index: int, tokens: tuple[int, ...], reason: str | None, last: bool = False
+    ) -> RequestOutput:
+        return RequestOutput("r1", tokens, "x" * len(tokens), last, reason, METRICS, index=index)
+
+    outputs = [
+        answer(0, (1,), None),
+        answer(0, (2,), "stop"),
+        answer(1, (3,), None),
+        answer(0, (), None),
+        answer(1, (4, 5), "length", last=True),
+    ]
+    *streamed, completed = step_events(run, outputs)
+    assert [e.payload for e in streamed] == [
+        {"token_ids": [1, 2], "text": "xx", "index": 0, "finish_reason": "stop"},
+        {"token_ids": [3], "text": "x", "index": 1},
+        {"token_ids": [4, 5], "text": "xx", "index": 1, "finish_reason": "length"},
+    ]
+    assert completed.kind == RunState.COMPLETED
+
+
+def test_logprobs_travel_with_their_tokens_at_the_json_floor() -> None:
+    entry = TokenLogprob(5, -0.25, ((5, -0.25), (9, float("-inf"))))
+    with_logprobs = RequestOutput("r1", (5,), "a", False, None, METRICS, logprobs=(entry,))
+    [event] = step_events(RUN, [with_logprobs])
+    assert event.payload["logprobs"] == [
+        {
+            "token_id": 5,
+            "logprob": -0.25,
+            "top": [{"token_id": 5, "logprob": -0.25}, {"token_id": 9, "logprob": -9999.0}],
+        }
+    ]
 
 
 def test_outputs_without_tokens_make_no_event() -> None:
