@@ -117,7 +117,7 @@ def test_sdk_exceptions_for_each_refusal(stack: Stack, sdk: openai.OpenAI) -> No
         sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=0)  # type: ignore[arg-type]
     assert bad.value.param == "max_tokens"  # type: ignore[attr-defined]
     with pytest.raises(openai.BadRequestError) as many:
-        sdk.chat.completions.create(model="tiny", messages=CHAT, n=2)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model="tiny", messages=CHAT, n=17)  # type: ignore[arg-type]
     assert many.value.param == "n"  # type: ignore[attr-defined]
     with pytest.raises(openai.BadRequestError) as tools:
         sdk.chat.completions.create(

@@ -24,6 +24,9 @@ from pydantic import BaseModel, Field
 
 from tests.e2e.conftest import Stack
 
+# Real clients against real processes, with LangChain's import: with the slow cases.
+pytestmark = pytest.mark.slow
+
 CHAT = [{"role": "user", "content": "What is the weather in Oslo?"}]
 CITY = {"type": "string", "enum": ["Oslo", "Paris", "Lima"]}
 WEATHER = {
