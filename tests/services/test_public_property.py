@@ -48,7 +48,12 @@ SERVICES = {
     "admin": admin_pb2.DESCRIPTOR.services_by_name["AdminService"],
     "ledger": ledger_pb2.DESCRIPTOR.services_by_name["LedgerService"],
 }
-METHODS = [(service, m) for service, d in SERVICES.items() for m in d.methods]
+# The operators' service with the slow cases: the tenants' calls in every run of the suite.
+METHODS = [
+    pytest.param(service, m, marks=[pytest.mark.slow] if service == "admin" else [])
+    for service, d in SERVICES.items()
+    for m in d.methods
+]
 MAX_RECEIVE = 16 * 1024 * 1024  # services.core.server's grpc.max_receive_message_length
 PRICES = PriceTable({"*": {"input_tokens": 2, "cached_input_tokens": 1, "output_tokens": 8}})
 
