@@ -155,16 +155,11 @@ class Completion:
     token_bytes: TokenBytes | None = None
     n: int = 1
     created: int = 0
-    finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
     answers: list[Answer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.answers = [Answer(i) for i in range(self.n)]
-
-    @property
-    def text(self) -> str:
-        return self.answers[0].text
 
     def frames(self, event: StoredEvent) -> list[bytes]:
         """The SSE frames `event` adds to the stream (none for most bookkeeping events)."""
@@ -211,7 +206,6 @@ class Completion:
                 self._end(answer, event.payload["finish_reason"])
         elif event.kind == RunState.COMPLETED:
             reason = event.payload.get("finish_reason") or "stop"
-            self.finish_reason = FINISH_REASONS.get(reason, reason)
             self.usage = event.payload.get("usage", {})
             for answer in self.answers:
                 if answer.finish_reason is None:
