@@ -10,10 +10,8 @@ the same class. No torch here: masks are numpy bitmasks, one bit per token.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.numpy
@@ -21,23 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import RequestError
+from engine.structure import JSON_LAYOUT, json_value
 from engine.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
 
 # Compiled grammars kept for reuse, least recently used dropped first.
 MAX_CACHED_GRAMMARS = 64
 # llguidance's messages can quote a whole grammar; a user needs the start.
 MAX_ERROR_CHARS = 500
-# JSON as `json.dumps` writes it. llguidance's own default lets whitespace in anywhere,
-# and a model that falls into emitting it never closes the object. A schema's
-# "x-guidance" options still win.
-JSON_LAYOUT: JsonCompileOptions = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
 
 Bitmask = npt.NDArray[np.int32]
 
@@ -116,8 +104,8 @@ def _grammar(field: str, text: str) -> str:
     if field == "grammar":
         return llguidance.LLMatcher.grammar_from_lark(text)
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
+        schema = json_value(text)
+    except ValueError as exc:
         raise RequestError(f"json_schema: not valid JSON: {exc}") from None
     if schema is True:
         schema = {}  # the schema that allows any JSON value, in the form options apply to

@@ -15,19 +15,35 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICES = ("auto", "none", "required", "function")
 MAX_TOOLS = 128
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ANY_OBJECT = '{"type": "object"}'
-# JSON laid out as `json.dumps` writes it, for llguidance ("x-guidance" in a schema): its
-# default lets whitespace in anywhere, and a model that falls into emitting it never
-# closes the object.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON laid out as `json.dumps` writes it, llguidance's compile options for every schema
+# (a schema's own "x-guidance" wins): its default lets whitespace in anywhere, and a model
+# that falls into emitting it never closes the object.
+JSON_LAYOUT: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 # Text that is not a call: anything, but for a first character that opens one.
 _TEXT_RULE = r"text: /[^{\s][\s\S]*/"
+
+
+def json_value(text: str | bytes) -> Any:
+    """`json.loads`, with JSON nested deeper than Python's stack reaches raised as the
+    ValueError that malformed JSON is, so that every caller refuses it the same way."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +186,7 @@ def calls_text(calls: Sequence[ToolCall]) -> str:
     written = []
     for call in calls:
         try:
-            arguments = json.loads(call.arguments or "{}")
+            arguments = json_value(call.arguments or "{}")
         except ValueError:
             arguments = call.arguments
         written.append({"name": call.name, "arguments": arguments})
@@ -178,14 +194,14 @@ def calls_text(calls: Sequence[ToolCall]) -> str:
 
 
 def _parameters(tool: FunctionTool) -> Any:
-    return json.loads(tool.parameters or ANY_OBJECT)
+    return json_value(tool.parameters or ANY_OBJECT)
 
 
 def _schema_problem(text: str, *, required: bool) -> str:
     if not text:
         return "give the schema" if required else ""
     try:
-        value = json.loads(text)
-    except ValueError:
-        return "is not JSON"
+        value = json_value(text)
+    except ValueError as exc:
+        return "is nested too deeply" if str(exc) == "JSON nested too deeply" else "is not JSON"
     return "" if isinstance(value, dict | bool) else "must be a JSON object (a schema)"

@@ -169,7 +169,7 @@ def tool_calls_of(text: str, run_id: str) -> tuple[ToolCall, ...] | None:
         return None
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
         return None
     calls = value.get("tool_calls") if isinstance(value, dict) else None
     if not isinstance(calls, list) or not calls:

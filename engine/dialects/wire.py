@@ -6,7 +6,6 @@ every kind streams and exposes."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 from engine.errors import RequestError
 from engine.outputs import TokenLogprob
 from engine.sampling import Priority, SamplingParams
+from engine.structure import json_value
 
 KINDS = ("vllm", "sglang", "llama-server", "openai")
 
@@ -140,7 +140,7 @@ def top(alternatives: Iterable[tuple[int, float]], k: int) -> tuple[tuple[int, f
 
 def schema(json_schema: str) -> Any:
     try:
-        return json.loads(json_schema)
+        return json_value(json_schema)
     except ValueError:
         raise RequestError("json_schema is not JSON") from None
 
@@ -166,7 +166,7 @@ def sse_data(line: bytes) -> dict[str, Any] | None:
     if not payload:
         return None
     try:
-        data = json.loads(payload)
+        data = json_value(payload)
     except ValueError:
         raise MalformedChunk("a data line is not JSON") from None
     if not isinstance(data, dict):

@@ -191,7 +191,8 @@ def test_sse_lines() -> None:
     assert sse_data(b"data: [DONE]") is DONE
     assert sse_data(b": keep-alive") is None and sse_data(b"") is None
     assert sse_data(b'data: {"a": 1}') == {"a": 1}
-    for bad in (b"data: {nope", b"data: [1, 2]", b'data: {"error": {"message": "boom"}}'):
+    deep = b"data: " + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000
+    for bad in (deep, b"data: {nope", b"data: [1, 2]", b'data: {"error": {"message": "boom"}}'):
         with pytest.raises(MalformedChunk):
             sse_data(bad)
 

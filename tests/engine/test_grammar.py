@@ -59,6 +59,10 @@ def constrained(schema: dict[str, Any], **overrides: Any) -> SamplingParams:
     return SamplingParams(json_schema=json.dumps(schema), **(settings | overrides))
 
 
+# A schema nested past what llguidance compiles (but within what Python parses).
+DEEP_SCHEMA = '{"type": "array", "items": ' * 300 + "{}" + "}" * 300
+
+
 def assert_valid(text: str, schema: dict[str, Any]) -> None:
     jsonschema.validate(json.loads(text), schema)
 
@@ -67,6 +71,8 @@ def assert_valid(text: str, schema: dict[str, Any]) -> None:
     ("params", "message"),
     [
         (SamplingParams(json_schema="{not json"), "json_schema: not valid JSON"),
+        (SamplingParams(json_schema="[" * 100_000), "json_schema: not valid JSON: .*deeply"),
+        (SamplingParams(json_schema=DEEP_SCHEMA), "json_schema: .*recursion"),
         (SamplingParams(json_schema='{"type": "strin"}'), "json_schema: .*strin"),
         (SamplingParams(json_schema="[1, 2]"), "json_schema: a schema is a JSON object"),
         (SamplingParams(json_schema="false"), "json_schema: a schema is a JSON object"),

@@ -13,8 +13,10 @@ from engine.structure import (
     Structure,
     ToolCall,
     calls_text,
+    json_value,
 )
 from engine.tokenizer import Tokenizer
+from tollgate.structure import tool_calls_of
 
 WEATHER = FunctionTool(
     "get_weather",
@@ -25,6 +27,8 @@ WEATHER = FunctionTool(
 )
 TIME = FunctionTool("get_time")
 CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}'
+# JSON nested deeper than Python's stack: json.loads raises RecursionError on it.
+DEEP = "[" * 100_000 + "]" * 100_000
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +130,19 @@ def test_earlier_calls_are_written_as_the_model_writes_them() -> None:
         ),
         (Structure(tools=(FunctionTool("f"),), tool_choice="maybe"), "tool_choice.mode"),
         (Structure(tools=tuple(FunctionTool(f"f{i}") for i in range(129))), "tools"),
+        (Structure("json_schema", DEEP), "response_format.json_schema"),
+        (Structure(tools=(FunctionTool("f", "", DEEP),)), "tools[0].parameters"),
     ],
 )
 def test_malformed_parts_are_named(structure: Structure, field: str) -> None:
     assert [name for name, _ in structure.violations()] == [field]
+
+
+def test_json_nested_past_python_s_stack_is_malformed_json() -> None:
+    with pytest.raises(ValueError, match="nested too deeply"):
+        json_value(DEEP)
+    assert Structure("json_schema", DEEP).violations()[0][1] == "is nested too deeply"
+    # An earlier call's arguments the model could not have written stay as they were sent.
+    written = json.loads(calls_text([ToolCall("call_1", "f", DEEP)]))
+    assert written["tool_calls"][0]["arguments"] == DEEP
+    assert tool_calls_of('{"tool_calls": ' + DEEP + "}", "run_1") is None

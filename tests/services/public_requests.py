@@ -3,7 +3,9 @@
 Every field may be left unset or given a value a careless or hostile client could send:
 text with U+0000, control characters, any Unicode and up to 70,000 characters; integers
 across their whole wire range; floats including NaN, infinities and subnormals; repeated
-fields a few items long or hundreds; timestamps and durations out of their range.
+fields a few items long or hundreds (but not hundreds of hundreds: a repeated field inside
+an item repeated hundreds of times has a few items of short text, so that a message stays
+within a few times what a server receives); timestamps and durations out of their range.
 `hints` give some fields, by name, values that reach further into the services (a known
 run id, the served model, a valid max_tokens), mixed with the arbitrary ones, so that
 requests are admitted too, with arbitrary text in them.
@@ -57,6 +59,9 @@ _SCALARS: Mapping[int, st.SearchStrategy[Any]] = {
 }
 
 
+SHORT_TEXT = st.one_of(st.text(max_size=16), st.text(UNICODE, max_size=100))
+
+
 def requests(
     descriptor: Descriptor, hints: Mapping[str, st.SearchStrategy[Any]]
 ) -> st.SearchStrategy[Message]:
@@ -66,9 +71,13 @@ def requests(
 
 
 def _message(
-    descriptor: Descriptor, hints: Mapping[str, st.SearchStrategy[Any]], tame: bool
+    descriptor: Descriptor,
+    hints: Mapping[str, st.SearchStrategy[Any]],
+    tame: bool,
+    multiplied: bool = False,
 ) -> st.SearchStrategy[Message]:
-    fields = {f.name: _field(f, hints, tame) for f in descriptor.fields}
+    """`multiplied`: the message is an item repeated many times, so it stays small."""
+    fields = {f.name: _field(f, hints, tame, multiplied) for f in descriptor.fields}
     required = {
         n: v for n, v in fields.items() if tame and _hinted(descriptor.fields_by_name[n], hints)
     }
@@ -87,25 +96,39 @@ def _hinted(field: FieldDescriptor, hints: Mapping[str, Any], depth: int = 0) ->
 
 
 def _field(
-    field: FieldDescriptor, hints: Mapping[str, st.SearchStrategy[Any]], tame: bool
+    field: FieldDescriptor,
+    hints: Mapping[str, st.SearchStrategy[Any]],
+    tame: bool,
+    multiplied: bool,
 ) -> st.SearchStrategy[Any]:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        one: st.SearchStrategy[Any] = st.deferred(lambda: _message(field.message_type, hints, tame))
+        one: st.SearchStrategy[Any] = st.deferred(
+            lambda: _message(field.message_type, hints, tame, multiplied)
+        )
+        # The item of a field repeated many times; built on demand, as `one` is.
+        item: st.SearchStrategy[Any] = st.deferred(
+            lambda: _message(field.message_type, hints, tame, multiplied=True)
+        )
     elif field.type == FieldDescriptor.TYPE_ENUM:
         numbers = [v.number for v in field.enum_type.values]
-        one = st.one_of(st.sampled_from(numbers), st.integers(-3, 100))
+        one = item = st.one_of(st.sampled_from(numbers), st.integers(-3, 100))
+    elif field.type == FieldDescriptor.TYPE_STRING and multiplied:
+        one = item = SHORT_TEXT
     else:
-        one = _SCALARS[field.type]
+        one = item = _SCALARS[field.type]
     if field.name in hints:
-        hint, wild = hints[field.name], one
+        hint, wild, wild_item = hints[field.name], one, item
         # The hint nine times in ten when tame, else about half the time.
         one = st.integers(0, 9).flatmap(lambda n: wild if n == 5 or not tame and n < 5 else hint)
+        item = st.integers(0, 9).flatmap(
+            lambda n: wild_item if n == 5 or not tame and n < 5 else hint
+        )
     if not field.is_repeated:
         return one
-    if tame:
-        return st.lists(one, max_size=3)
+    if tame or multiplied:
+        return st.lists(one, max_size=3 if tame else 4)
     # A few items, or one item many times (past any count limit, cheap to generate).
-    many = st.tuples(one, st.sampled_from([9, 65, 257, 300])).map(lambda t: [t[0]] * t[1])
+    many = st.tuples(item, st.sampled_from([9, 65, 257, 300])).map(lambda t: [t[0]] * t[1])
     return st.one_of(st.lists(one, max_size=4), many)
 
 

@@ -220,3 +220,5 @@ def read_json(flag: str, path: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CommandError(f"{flag} {path} is not JSON: {exc.msg}") from None
+    except RecursionError:
+        raise CommandError(f"{flag} {path} is JSON nested too deeply") from None
