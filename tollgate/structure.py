@@ -160,6 +160,12 @@ def _tool_call(where: str, call: Any) -> events_pb2.ToolCall:
     return events_pb2.ToolCall(id=str(call.get("id") or ""), name=name, arguments=arguments)
 
 
+def may_open_calls(text: str) -> bool:
+    """Whether an answer that starts with `text` may still turn out to be calls: until
+    it cannot, a stream holds it back."""
+    return text.lstrip()[:1] in ("", "{")
+
+
 def tool_calls_of(text: str, run_id: str) -> tuple[ToolCall, ...] | None:
     """The function calls an answer makes; None when it is text.
 

@@ -26,7 +26,7 @@ from services.core.errors import (
     Unavailable,
 )
 from services.core.runs import RunState, RunView, StoredEvent
-from tollgate.structure import tool_calls_of
+from tollgate.structure import may_open_calls, tool_calls_of
 from tollgate.types import ToolCall
 from tollgate.v1 import events_pb2
 
@@ -141,7 +141,7 @@ class Answer:
 class Completion:
     """One completion as it is streamed or answered whole: chat or text, with `n` choices.
 
-    With `tools`, an answer that opens with `{` is held back until it ends, then given as
+    With `tools`, an answer that may open calls (`may_open_calls`) is held back until it ends, then given as
     OpenAI's `tool_calls` (finish reason "tool_calls") when it parses as calls, else as the
     text it is. With `token_bytes`, each token's logprobs go with its text. A choice ends
     with the `streaming` event that says so (n > 1) or with the run's `completed`.
@@ -177,7 +177,7 @@ class Completion:
             answer.held_logprobs += event.payload.get("logprobs", [])
             if answer.finish_reason is not None:
                 return [sse_frame(chunk, seq) for chunk in self._ending(answer)]
-            if self.tools and answer.held.lstrip()[:1] in ("", "{"):
+            if self.tools and may_open_calls(answer.held):
                 return []  # a call, maybe: held until the answer ends
             # Even without text (a character still incomplete), so that its seq is seen.
             return [sse_frame(self._text_chunk(answer), seq)]
