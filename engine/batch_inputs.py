@@ -3,6 +3,10 @@
 Single-token chunks come first, sorted by context length (longest first). A native decode
 kernel takes them all at once; otherwise they are split into groups whose contexts pad to
 similar lengths. Prefill chunks follow, one span each.
+
+Besides the last row of each chunk that samples, the model keeps the rows that score the
+prompt of a request asking for prompt logprobs: the row at position p gives the
+distribution of the prompt token at p + 1.
 """
 
 from __future__ import annotations
@@ -33,6 +37,17 @@ class BatchInputs:
     logits_indices: torch.Tensor  # [N] rows of the hidden states to sample from
     sampled: tuple[ScheduledChunk, ...]  # the chunk each sampled row belongs to
     adapter_slots: torch.Tensor | None = None  # [T]; None when every row is the base model's
+    # [M] rows whose next prompt token is scored, and (chunk, first position, rows) of each
+    # chunk they come from, in that order.
+    scored_indices: torch.Tensor | None = None
+    scored: tuple[tuple[ScheduledChunk, int, int], ...] = ()
+
+    @property
+    def kept_indices(self) -> torch.Tensor:
+        """The rows of the hidden states the step needs: the sampled, then the scored."""
+        if self.scored_indices is None:
+            return self.logits_indices
+        return torch.cat([self.logits_indices, self.scored_indices])
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +89,7 @@ def build_inputs(
     order = [*decodes, *prefills]
     ends = torch.tensor([c.num_tokens for c in order], dtype=torch.long).cumsum(0) - 1
     sampled_rows = [i for i, c in enumerate(order) if c.samples]
+    scored, scored_indices = _scored(order, ends)
     batch = _decode_batch(decodes, shape, decode_kernel) if decode_kernel and decodes else None
     meta = AttentionMetadata(
         slot_mapping=torch.cat(slots),
@@ -90,7 +106,27 @@ def build_inputs(
         logits_indices=ends[sampled_rows],
         sampled=tuple(order[i] for i in sampled_rows),
         adapter_slots=_adapter_slots(order),
+        scored_indices=scored_indices,
+        scored=scored,
     )
+
+
+def _scored(
+    order: list[ScheduledChunk], ends: torch.Tensor
+) -> tuple[tuple[tuple[ScheduledChunk, int, int], ...], torch.Tensor | None]:
+    """The chunks whose prompt positions are scored, and their rows: each position p of
+    the chunk below the prompt's last, whose token p + 1 is the prompt's."""
+    scored, rows = [], []
+    for i, chunk in enumerate(order):
+        if chunk.seq.params.prompt_logprobs is None:
+            continue
+        last = min(chunk.start + chunk.num_tokens, chunk.seq.num_prompt_tokens - 1)
+        if last <= chunk.start:
+            continue
+        first_row = int(ends[i]) - chunk.num_tokens + 1
+        scored.append((chunk, chunk.start, last - chunk.start))
+        rows.append(torch.arange(first_row, first_row + last - chunk.start))
+    return tuple(scored), torch.cat(rows) if rows else None
 
 
 def _adapter_slots(order: list[ScheduledChunk]) -> torch.Tensor | None:

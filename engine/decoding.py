@@ -11,7 +11,7 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.grammar import consume
-from engine.outputs import RequestMetrics, combined, metrics_of
+from engine.outputs import RequestMetrics, TokenLogprob, combined, metrics_of
 from engine.sequence import Sequence
 
 
@@ -29,6 +29,15 @@ class PreparedRequest:
     # Which of its request's answers this is, and the request's answers when n > 1.
     index: int = 0
     group: AnswerGroup | None = None
+    # The prompt's logprobs so far, from its second token on, when the request asked.
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def score(self, first: int, entries: list[TokenLogprob]) -> None:
+        """Takes the logprobs of the prompt tokens from position `first + 1` on; those
+        already taken (a prompt computed again after a preemption) are skipped."""
+        have = len(self.prompt_logprobs)
+        if first <= have:
+            self.prompt_logprobs.extend(entries[have - first :])
 
     def advance(self, token: int, max_model_len: int) -> tuple[str, str | None]:
         """Takes the token just appended to the sequence: the text it adds, and the

@@ -53,6 +53,8 @@ class EngineFront(ABC):
     limits: RequestLimits
     # The most answers one request may draw (SamplingParams.n).
     max_answers = 1
+    # Whether it returns a prompt's logprobs (SamplingParams.prompt_logprobs).
+    scores_prompts = False
 
     def __init__(self, on_step: Callable[[list[RequestOutput]], None] | None = None) -> None:
         # Sees every step's outputs together, on the event loop, before the streams do.
@@ -113,6 +115,8 @@ class EngineFront(ABC):
         params = params or SamplingParams()
         if params.n > self.max_answers:
             raise RequestError(f"this engine draws one answer per request, not n={params.n}")
+        if params.prompt_logprobs is not None and not self.scores_prompts:
+            raise RequestError("prompt_logprobs: this engine returns no prompt logprobs")
         token_ids = [int(token) for token in prompt]
         self.limits.check(token_ids, params)
         return token_ids, params

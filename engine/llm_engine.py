@@ -25,7 +25,7 @@ from engine.layers.quantized import quantize_int8
 from engine.layers.tied import tie_into_panels
 from engine.loader import DTYPES, load_model, load_model_config, load_tokenizer, resolve_dtype
 from engine.model_files import model_fingerprint
-from engine.model_runner import ModelRunner, kv_cache_bytes_per_block
+from engine.model_runner import Executed, ModelRunner, kv_cache_bytes_per_block
 from engine.models.llama import LlamaForCausalLM
 from engine.outputs import Completion, RequestOutput, TokenLogprob, metrics_of
 from engine.prefix_hash import PrefixKey
@@ -199,6 +199,9 @@ class LLMEngine:
         )
         self.limits.check(token_ids, params)
         arrival_index = next(self._arrivals)
+        if params.prompt_logprobs is not None:
+            # Its prompt is computed whole, so it shares no prefix with other requests.
+            cache_namespace = f"{cache_namespace}\x00{request_id}\x00{arrival_index}"
         cache_root = self._cache_root(cache_namespace, adapter_fingerprint)
         eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
         seed = params.seed if params.seed is not None else self._seeds.randrange(1 << 63)
@@ -268,14 +271,20 @@ class LLMEngine:
         generators = {
             c.seq.request_id: self._requests[c.seq.request_id].generator for c in plan.chunks
         }
-        sampled = self.runner.execute(plan, generators, self._masks(plan)) if plan.chunks else []
+        executed = (
+            self.runner.execute(plan, generators, self._masks(plan))
+            if plan.chunks
+            else Executed([], {})
+        )
         self.batcher.on_executed(plan)
         end = self._clock()
         for seq in self.batcher.running:
             seq.account_kv(end)
+        for request_id, (first, entries) in executed.scored.items():
+            self._requests[request_id].score(first, entries)
         outputs.extend(
             self._on_token(self._requests[seq.request_id], token, logprob, end)
-            for seq, token, logprob in sampled
+            for seq, token, logprob in executed.sampled
         )
         return outputs
 
@@ -304,6 +313,7 @@ class LLMEngine:
         tokens: dict[str, list[int]] = {i: [] for i in ids}
         texts: dict[str, list[str]] = {i: [] for i in ids}
         logprobs: dict[str, list[TokenLogprob]] = {i: [] for i in ids}
+        prompt_logprobs: dict[str, tuple[TokenLogprob, ...]] = {}
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.step():
@@ -311,6 +321,8 @@ class LLMEngine:
                     tokens[out.request_id].extend(out.new_token_ids)
                     texts[out.request_id].append(out.text_delta)
                     logprobs[out.request_id].extend(out.logprobs)
+                    if out.prompt_logprobs:
+                        prompt_logprobs[out.request_id] = out.prompt_logprobs
                     if out.finished:
                         done[out.request_id] = out
         return [
@@ -321,6 +333,7 @@ class LLMEngine:
                 done[i].finish_reason or "",
                 done[i].metrics,
                 tuple(logprobs[i]),
+                prompt_logprobs.get(i, ()),
             )
             for i in ids
         ]
@@ -334,6 +347,13 @@ class LLMEngine:
         if reason is not None:
             self._finish(request, reason)
         logprobs = () if logprob is None else (logprob,)
+        scored = (
+            tuple(request.prompt_logprobs)
+            if seq.params.prompt_logprobs is not None
+            and request.index == 0
+            and seq.num_output_tokens == 1
+            else ()
+        )
         group = request.group
         if group is None:
             return RequestOutput(
@@ -344,6 +364,7 @@ class LLMEngine:
                 reason,
                 metrics_of(seq),
                 logprobs=logprobs,
+                prompt_logprobs=scored,
             )
         # The prompt is computed: the other answers start, and find it cached.
         for waiting in group.waiting:
@@ -363,6 +384,7 @@ class LLMEngine:
             group.metrics(),
             logprobs=logprobs,
             index=request.index,
+            prompt_logprobs=scored,
         )
 
     def _finish(self, request: PreparedRequest, reason: str) -> None:

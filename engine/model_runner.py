@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine import huge_pages, native
-from engine.batch_inputs import AttentionShape, build_inputs
+from engine.batch_inputs import AttentionShape, BatchInputs, build_inputs
 from engine.batcher import StepPlan
 from engine.config import ModelConfig
 from engine.layers.lora import LoraBatch
 from engine.layers.paged_attention import Workspace
-from engine.layers.sampler import sample
+from engine.layers.sampler import sample, token_logprobs
 from engine.models.llama import LlamaForCausalLM
 from engine.models.native_decoder import decodes_alone, native_decoder
 from engine.outputs import TokenLogprob
@@ -21,6 +22,18 @@ from engine.sequence import Sequence
 # What a step gives each chunk that samples: its sequence, the new token, and the token's
 # logprobs when its request asked for them.
 Sampled = tuple[Sequence, int, TokenLogprob | None]
+# Rows of prompt positions scored at once: bounds the [rows, vocab] logits they make.
+_SCORE_ROWS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    """What one step computed: the chunks' new tokens, and for each request that asked
+    for prompt logprobs and had prompt positions in the step, the first position scored
+    and the logprobs of the prompt tokens from the one after it on."""
+
+    sampled: list[Sampled]
+    scored: dict[str, tuple[int, list[TokenLogprob]]]
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -73,15 +86,15 @@ class ModelRunner:
         plan: StepPlan,
         generators: Mapping[str, torch.Generator],
         masks: Mapping[str, torch.Tensor] | None = None,
-    ) -> list[Sampled]:
+    ) -> Executed:
         """Compute the plan's tokens; return what each chunk that samples drew. `masks`
         holds the grammar bitmask (see `sample`) of each request id that has one."""
         inputs = build_inputs(
             plan, self.shape, self.workspace, self.decode_kernel, self.prefill_kernel
         )
+        meta, keep = inputs.attention, inputs.kept_indices
         if self.lora is not None:
-            self.lora.set_step(inputs.adapter_slots, inputs.logits_indices)
-        meta, keep = inputs.attention, inputs.logits_indices
+            self.lora.set_step(inputs.adapter_slots, keep)
         if self.native_decoder is not None and decodes_alone(meta):
             hidden = self.native_decoder(inputs.input_ids, inputs.positions, meta)
             # A one-token chunk in the middle of a prompt writes its cache but samples nothing.
@@ -89,19 +102,43 @@ class ModelRunner:
                 hidden = hidden.index_select(0, keep)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta, keep=keep)
+        num_sampled = len(inputs.sampled)
+        scored = self._score(inputs, hidden[num_sampled:]) if inputs.scored else {}
         if not inputs.sampled:
-            return []
-        logits = self.model.compute_logits(hidden)
+            return Executed([], scored)
+        logits = self.model.compute_logits(hidden[:num_sampled])
         params = [chunk.seq.params for chunk in inputs.sampled]
         rngs = [generators[chunk.seq.request_id] for chunk in inputs.sampled]
         histories = [(chunk.seq.token_ids, chunk.seq.num_prompt_tokens) for chunk in inputs.sampled]
         row_masks = [masks.get(chunk.seq.request_id) for chunk in inputs.sampled] if masks else []
         samples = sample(logits, params, rngs, histories, row_masks)
-        return list(
-            zip(
-                [chunk.seq for chunk in inputs.sampled],
-                samples.token_ids,
-                samples.logprobs,
-                strict=True,
-            )
+        sampled = zip(
+            [chunk.seq for chunk in inputs.sampled],
+            samples.token_ids,
+            samples.logprobs,
+            strict=True,
         )
+        return Executed(list(sampled), scored)
+
+    def _score(
+        self, inputs: BatchInputs, hidden: torch.Tensor
+    ) -> dict[str, tuple[int, list[TokenLogprob]]]:
+        """The logprobs of the prompt tokens that `inputs.scored`'s rows (`hidden`) predict,
+        from the model's own distribution."""
+        params, targets = [], []
+        for chunk, first, rows in inputs.scored:
+            k = chunk.seq.params.prompt_logprobs
+            params += [replace(chunk.seq.params, logprobs=k)] * rows
+            targets += chunk.seq.token_ids[first + 1 : first + 1 + rows]
+        entries: list[TokenLogprob] = []
+        for start in range(0, len(targets), _SCORE_ROWS):
+            end = min(start + _SCORE_ROWS, len(targets))
+            log_probs = torch.log_softmax(self.model.compute_logits(hidden[start:end]), dim=-1)
+            entries += token_logprobs(
+                log_probs, range(end - start), params[start:end], targets[start:end]
+            )
+        scored, at = {}, 0
+        for chunk, first, rows in inputs.scored:
+            scored[chunk.seq.request_id] = (first, entries[at : at + rows])
+            at += rows
+        return scored

@@ -63,6 +63,9 @@ class RequestOutput:
     # One per new token when the request asked for logprobs; empty otherwise.
     logprobs: tuple[TokenLogprob, ...] = ()
     index: int = 0
+    # With the first token of the request (its first answer's), when it asked for
+    # prompt_logprobs: one per prompt token after the first.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(slots=True)
@@ -190,3 +193,4 @@ class Completion:
     finish_reason: str
     metrics: RequestMetrics
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()

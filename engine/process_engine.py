@@ -44,6 +44,7 @@ class ProcessEngine(EngineFront):
     Start it with `start`."""
 
     max_answers = MAX_N
+    scores_prompts = True
 
     def __init__(
         self,

@@ -74,6 +74,12 @@ class SamplingParams:
     top-k / top-p / min-p filters: neither vLLM's default "raw" logprobs (the model's own
     distribution, before penalties and biases) nor its "processed" ones (after
     temperature and the filters too). Tokens the grammar forbids are never among the k.
+
+    `prompt_logprobs` (None: none; k in [0, MAX_LOGPROBS]) returns, with the first output
+    token, the log-probability of each prompt token but the first given the ones before
+    it, and the k likeliest tokens in its place: the model's own distribution (no
+    penalty, bias, grammar or temperature applies to a prompt). The request computes its
+    whole prompt for them, finding none of it in the prefix cache.
     """
 
     max_tokens: int = 16
@@ -93,6 +99,7 @@ class SamplingParams:
     grammar: str = ""
     logprobs: int | None = None
     n: int = 1
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -119,8 +126,10 @@ class SamplingParams:
             raise RequestError(f"n must be between 1 and {MAX_N}")
         if self.json_schema and self.grammar:
             raise RequestError("json_schema and grammar are exclusive: give at most one")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise RequestError(f"logprobs must be between 0 and {MAX_LOGPROBS}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise RequestError(f"{name} must be between 0 and {MAX_LOGPROBS}")
         # Accept lists from callers while keeping the dataclass hashable and immutable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))

@@ -89,25 +89,38 @@ class Tokenizer:
         return self.decode([token_id], skip_special_tokens=False).encode()
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """The prompt text for `messages`; encode it with `encode_chat` or `encode(..., False)`."""
+        """The prompt text for `messages`; encode it with `encode_chat` or `encode(..., False)`.
+
+        `tools` (OpenAI's `[{"type": "function", "function": {...}}]`) are given to the
+        template as `tools`, as transformers' `apply_chat_template(tools=...)` gives them;
+        None leaves `tools` undefined."""
         if not self.chat_template:
             raise ChatTemplateError("this model has no chat template")
+        extra = {} if tools is None else {"tools": list(tools)}
         return render_chat_template(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            **extra,
         )
 
     def encode_chat(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         # The template writes any BOS itself, so the tokenizer must not add another.
         return self.encode(
-            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+            self.apply_chat_template(messages, add_generation_prompt, tools),
+            add_special_tokens=False,
         )
 
     def _fix_bos(self, ids: list[int]) -> list[int]:

@@ -219,6 +219,7 @@ class Client(_Base):
         logprobs: bool = False,
         top_logprobs: int = 0,
         n: int | None = None,
+        prompt_logprobs: bool = False,
         priority: str = "interactive",
         idempotency_key: str | None = None,
         disconnect_grace: float | None = None,
@@ -242,8 +243,10 @@ class Client(_Base):
         `top_logprobs` (0 to 20) likeliest tokens in their place. `messages` may be
         `ChatMessage`s, (role, content) pairs or OpenAI's message dicts, `tool_calls` and
         `tool_call_id` included. `n` answers (1 to 16) share the prompt, each its own
-        draw: events carry `index`, the stream's `texts` has each. A malformed argument
-        raises ValueError naming it.
+        draw: events carry `index`, the stream's `texts` has each. `prompt_logprobs` puts
+        the log-probability of each prompt token after the first (with `top_logprobs`
+        alternatives) on the first streaming event. A malformed argument raises ValueError
+        naming it.
         """
         request = convert.generate_request(
             prompt,
@@ -266,6 +269,7 @@ class Client(_Base):
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             n=n,
+            prompt_logprobs=prompt_logprobs,
             priority=priority,
             idempotency_key=idempotency_key,
             disconnect_grace=disconnect_grace,

@@ -132,6 +132,7 @@ def _with_kind_fields(base: RunEvent, message: events_pb2.RunEvent) -> RunEvent:
             text=s.text,
             token_ids=tuple(s.token_ids),
             logprobs=logprobs,
+            prompt_logprobs=tuple(token_logprob_of(x) for x in s.prompt_logprobs),
             index=s.index,
             finish_reason=s.finish_reason,
         )
@@ -332,6 +333,7 @@ def generate_request(
     logprobs: bool = False,
     top_logprobs: int = 0,
     n: int | None = None,
+    prompt_logprobs: bool = False,
     idempotency_key: str | None,
     disconnect_grace: float | None,
     until_terminal: bool,
@@ -354,6 +356,7 @@ def generate_request(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         n=n,
+        prompt_logprobs=prompt_logprobs,
         **(penalties or Penalties()).fields(),
         **(structure or Structure()).fields(),
     )

@@ -2,8 +2,10 @@
 `tool_choice` and tool-carrying chat messages as `tollgate.v1` fields, and the function
 calls read back from an answer.
 
-A run that may call tools answers either with text or with one JSON object
-`{"tool_calls": [{"name": ..., "arguments": {...}}]}`; `tool_calls_of` reads the latter.
+A run that may call tools answers either with text or with calls in the model's tool
+format: one JSON object `{"tool_calls": [{"name": ..., "arguments": {...}}]}` (generic),
+`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks (hermes), or one
+object `{"name": ..., "parameters": {...}}` (llama3); `tool_calls_of` reads any of them.
 Only the shapes are checked here; the gateway checks what they say (INVALID_ARGUMENT).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +23,9 @@ from tollgate.v1 import events_pb2
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 TOOL_CHOICE_MODES = ("auto", "none", "required")
+_HERMES_OPEN = "<tool_call>"
+# One hermes block, and the whitespace after it.
+_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,28 +169,58 @@ def _tool_call(where: str, call: Any) -> events_pb2.ToolCall:
 def may_open_calls(text: str) -> bool:
     """Whether an answer that starts with `text` may still turn out to be calls: until
     it cannot, a stream holds it back."""
-    return text.lstrip()[:1] in ("", "{")
+    opened = text.lstrip()
+    return (
+        opened[:1] in ("", "{")
+        or _HERMES_OPEN.startswith(opened)
+        or opened.startswith(_HERMES_OPEN)
+    )
 
 
 def tool_calls_of(text: str, run_id: str) -> tuple[ToolCall, ...] | None:
-    """The function calls an answer makes; None when it is text.
+    """The function calls an answer makes, in any tool format; None when it is text.
 
     Each id is derived from the run's as the gateway derives it, so the SDK and the HTTP
     API name a run's calls alike."""
-    if not text.lstrip().startswith("{"):
+    opened = text.strip()
+    if opened.startswith(_HERMES_OPEN):
+        calls = _hermes_calls(opened)
+    elif opened.startswith("{"):
+        calls = _json_calls(opened)
+    else:
         return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-        return None
-    calls = value.get("tool_calls") if isinstance(value, dict) else None
-    if not isinstance(calls, list) or not calls:
+    if not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
         return None
     found = []
     for i, call in enumerate(calls):
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
         digest = hashlib.sha256(f"{run_id}:{i}".encode()).hexdigest()[:24]
         arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
         found.append(ToolCall(f"call_{digest}", call["name"], arguments))
     return tuple(found)
+
+
+def _json_calls(text: str) -> list[Any] | None:
+    """The generic object's calls, or a llama3 object as the one call (its "parameters"
+    as the arguments)."""
+    value = _json(text)
+    if not isinstance(value, dict):
+        return None
+    if value.keys() == {"name", "parameters"}:
+        return [{"name": value["name"], "arguments": value["parameters"]}]
+    calls = value.get("tool_calls")
+    return calls if isinstance(calls, list) else None
+
+
+def _hermes_calls(text: str) -> list[Any] | None:
+    """The JSON of each `<tool_call>` block; None unless the blocks are the whole text."""
+    blocks = list(_HERMES_BLOCK.finditer(text))
+    if not blocks or sum(len(b.group(0)) for b in blocks) != len(text) or blocks[0].start():
+        return None
+    return [_json(block.group(1)) for block in blocks]
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+        return None

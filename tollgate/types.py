@@ -88,7 +88,8 @@ class RunEvent:
     * prefill: worker_id, cached_prompt_tokens
     * streaming: text (the UTF-8-safe delta), token_ids, logprobs (one per token when
       the run asked for them); with n > 1, index (the answer) and, on an answer's last
-      tokens, finish_reason
+      tokens, finish_reason; on the first, prompt_logprobs (one per prompt token after
+      the first, when the run asked for them)
     * completed: finish_reason ("stop" | "length" | "stop_sequence"), usage, ttft_seconds
     * failed: error_code (e.g. "WORKER_LOST"), error_message, usage
     * cancelled: cancel_reason, usage
@@ -105,6 +106,7 @@ class RunEvent:
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     index: int = 0
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
     usage: Usage | None = None
     finish_reason: str = ""
     ttft_seconds: float | None = None

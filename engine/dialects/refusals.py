@@ -35,8 +35,12 @@ def _calls_tools(sampling: Sampling) -> bool:
 
 def _needs_lark(sampling: Sampling) -> bool:
     """Tools with tool_choice auto: the answer is text or calls, which only a Lark grammar
-    says; tool_choice required or a named function is a JSON schema."""
-    return _tool_mode(sampling) == "auto"
+    says; tool_choice required or a named function is a JSON schema, but for the "hermes"
+    format, whose `<tool_call>` blocks are a grammar too."""
+    mode = _tool_mode(sampling)
+    return mode == "auto" or (
+        mode not in (None, "none") and sampling.get("tool_format") == "hermes"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,9 @@ NO_LARK = "no Lark grammar, which tools with tool_choice auto need"
 NO_OUTPUT_FORMAT = "OpenAI's completions API constrains no output"
 NO_LOGPROB_IDS = "OpenAI's completions API names the tokens of its logprobs by text, not id"
 NO_ANSWERS = Refusal("n", "only the built-in engine draws several answers (n > 1)")
+NO_PROMPT_LOGPROBS = Refusal(
+    "prompt_logprobs", "only the built-in engine returns a prompt's logprobs (echo)"
+)
 # What each kind of server cannot honour, in the order admission names it.
 UNSUPPORTED: dict[str, tuple[Refusal, ...]] = {
     "openai": (
@@ -74,15 +81,18 @@ UNSUPPORTED: dict[str, tuple[Refusal, ...]] = {
         Refusal("tools", NO_OUTPUT_FORMAT, _calls_tools),
         Refusal("logprobs", NO_LOGPROB_IDS),
         NO_ANSWERS,
+        NO_PROMPT_LOGPROBS,
     ),
-    "vllm": (NO_ANSWERS,),
+    "vllm": (NO_ANSWERS, NO_PROMPT_LOGPROBS),
     "sglang": (
         Refusal("tools", f"SGLang takes JSON schemas but {NO_LARK}", _needs_lark),
         NO_ANSWERS,
+        NO_PROMPT_LOGPROBS,
     ),
     "llama-server": (
         Refusal("tools", f"llama-server takes JSON schemas but {NO_LARK}", _needs_lark),
         NO_ANSWERS,
+        NO_PROMPT_LOGPROBS,
     ),
 }
 # The same, by SamplingParams' own fields, for the bodies: a run can reach a server that

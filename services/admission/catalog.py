@@ -6,12 +6,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from engine.adapters import read_adapter_config
 from engine.chat_template import ChatTemplateError
 from engine.errors import ModelLoadError
 from engine.loader import load_model_config
-from engine.structure import Structure, calls_text
+from engine.structure import (
+    TEMPLATE_FORMATS,
+    Structure,
+    calls_text,
+    template_calls,
+    tool_format_of,
+)
 from engine.tokenizer import Tokenizer
 from services.admission.requests import ChatTurn, GenerateParams
 from services.core.auth import Principal
@@ -30,23 +37,35 @@ class ModelEntry:
     vocab_size: int
     parent: str = ""  # an adapter's base model; "" for a base model
 
+    @property
+    def tool_format(self) -> str:
+        """The tool format its chat template teaches it (engine.structure.TOOL_FORMATS)."""
+        return tool_format_of(self.tokenizer.chat_template)
+
     def prompt_token_ids(self, params: GenerateParams) -> list[int]:
         """Raises InvalidArgument naming `messages` when the model has no chat template,
         or its template refuses them."""
         if not params.messages:
             return self.tokenizer.encode(params.prompt)
-        messages = chat_messages(params.messages, params.sampling.structure)
+        structure = params.sampling.structure
+        messages = chat_messages(params.messages, structure)
         try:
-            return self.tokenizer.encode_chat(messages)
+            return self.tokenizer.encode_chat(messages, tools=structure.template_tools())
         except ChatTemplateError as exc:
             description = str(exc)[:MAX_TEMPLATE_ERROR]
             raise InvalidArgument([FieldViolation("messages", description)]) from None
 
 
-def chat_messages(turns: Sequence[ChatTurn], structure: Structure) -> list[dict[str, str]]:
-    """The messages for the chat template in the generic tool format: the tools in the
-    system turn, an assistant's earlier calls as the JSON it would have written."""
-    messages = [{"role": t.role, "content": _turn_text(t)} for t in turns]
+def chat_messages(turns: Sequence[ChatTurn], structure: Structure) -> list[dict[str, Any]]:
+    """The messages for the chat template in the structure's tool format.
+
+    Generic: the tools in the system turn, an assistant's earlier calls as the JSON it
+    would have written. A template that shows tools itself (hermes, llama3) is given them
+    apart (`Structure.template_tools`), an assistant's earlier calls as OpenAI's
+    `tool_calls`, and each tool's answer with the id (and function name) of its call."""
+    if structure.tool_format in TEMPLATE_FORMATS:
+        return _template_messages(turns)
+    messages: list[dict[str, Any]] = [{"role": t.role, "content": _turn_text(t)} for t in turns]
     tools = structure.system_prompt()
     if tools and messages[0]["role"] == "system":
         messages[0]["content"] = f"{messages[0]['content']}\n\n{tools}"
@@ -60,6 +79,23 @@ def _turn_text(turn: ChatTurn) -> str:
         return turn.content
     calls = calls_text(turn.tool_calls)
     return f"{turn.content}\n{calls}" if turn.content else calls
+
+
+def _template_messages(turns: Sequence[ChatTurn]) -> list[dict[str, Any]]:
+    # Templates tell a plain assistant turn by its lacking `tool_calls`, so only a turn
+    # with calls has them.
+    names = {call.id: call.name for turn in turns for call in turn.tool_calls}
+    messages = []
+    for turn in turns:
+        message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+        if turn.tool_calls:
+            message["tool_calls"] = template_calls(turn.tool_calls)
+        if turn.tool_call_id:
+            message["tool_call_id"] = turn.tool_call_id
+            if turn.tool_call_id in names:
+                message["name"] = names[turn.tool_call_id]
+        messages.append(message)
+    return messages
 
 
 class ModelCatalog:
@@ -90,6 +126,17 @@ class ModelCatalog:
 
     def names(self) -> list[str]:
         return sorted(self.entries)
+
+    def with_tool_format(self, params: GenerateParams) -> GenerateParams:
+        """`params` with an unset tool format chosen: the model's own, for a request with
+        tools. One without tools, or for a model not served, is left as it is, so that
+        what it stores and hashes to does not change."""
+        structure = params.sampling.structure
+        entry = self.entries.get(params.model)
+        if structure.tool_format or not structure.tools or entry is None:
+            return params
+        structure = replace(structure, tool_format=entry.tool_format)
+        return replace(params, sampling=replace(params.sampling, structure=structure))
 
     def get(self, name: str) -> ModelEntry:
         return self.entries[name]

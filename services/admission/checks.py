@@ -4,7 +4,7 @@ Each check has one shape: it reads the `Candidate`, the run on its way in as far
 known at the check's stage, and returns the refusal (an `ApiError` naming the field or
 the limit at fault) or None. The stages run in this order, cheapest first:
 
-1. `on_request`: the request alone, no I/O.
+1. `on_request`: the request alone, and the model it names, no I/O.
 2. `on_load`: the moment's state: the tenant's open streams, the scheduler's queues and
    the fleet's free KV, the tenant's share of the queue. A retry of a run already admitted
    under the same idempotency key is not refused here: it finds that run. Once these pass,
@@ -61,6 +61,7 @@ from services.core.quotas import (
     window_wait,
 )
 from services.core.runs import RunState
+from services.core.validation import shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ class Checks:
         # A base model's compiled schemas and grammars (its adapters share them).
         self._grammars: dict[str, Grammars] = {}
         self._compiling = asyncio.Lock()  # Grammars is not thread-safe
-        self.on_request: tuple[Check, ...] = (self.fields,)
+        self.on_request: tuple[Check, ...] = (self.fields, self.tool_format)
         self.on_load: tuple[Check, ...] = (self.open_streams, self.queue_bounds, self.queue_share)
         self.on_tokens: tuple[Check, ...] = (
             self.context_length,
@@ -127,6 +128,18 @@ class Checks:
         """Every bad field of the request, at once."""
         found = field_violations(run.params, self.catalog.names(), self.limits)
         return InvalidArgument(found) if found else None
+
+    async def tool_format(self, run: Candidate) -> ApiError | None:
+        """Calls in a format other than the generic one or the model's own: its chat
+        template could not show them to the model."""
+        chosen = run.params.sampling.structure.tool_format
+        own = self.catalog.get(run.params.model).tool_format
+        if chosen in ("", "generic", own):
+            return None
+        message = (
+            f"{shown(run.params.model)} writes tool calls as {own!r}; ask for that or 'generic'"
+        )
+        return InvalidArgument([FieldViolation("sampling.tool_format", message)])
 
     # on_load
 

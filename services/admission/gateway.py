@@ -118,6 +118,8 @@ class Gateway:
             return started
 
     async def _start(self, tenant_id: str, params: GenerateParams, key_id: str) -> Started:
+        # Chosen first: the run is stored, and its idempotency key matched, as chosen.
+        params = self.catalog.with_tool_format(params)
         checks, candidate = self.checks, Candidate(tenant_id, key_id, params)
         refused = await checks.first_refusal(checks.on_request, candidate)
         if refused is not None:

@@ -40,6 +40,11 @@ class Limits:
     default_disconnect_grace: float = 30.0
 
 
+# Sampling's fields that `payload` writes in a form of their own (or not at all: a
+# default that must leave the payload, and so the request's hash, as it was).
+_WRITTEN_APART = ("logit_bias", "structure", "logprobs", "top_logprobs", "n", "prompt_logprobs")
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     max_tokens: int
@@ -60,6 +65,7 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0
     n: int = 1
+    prompt_logprobs: bool = False
 
     def payload(self) -> dict[str, Any]:
         """The SamplingParams JSON form, unset fields left out (`logit_bias` as protobuf's
@@ -67,13 +73,13 @@ class Sampling:
         payload = {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in asdict(self).items()
-            if v not in (None, ())
-            and k not in ("logit_bias", "structure", "logprobs", "top_logprobs", "n")
+            if v not in (None, ()) and k not in _WRITTEN_APART
         }
         if self.n != 1:
             payload["n"] = self.n
-        if self.logprobs:
-            payload |= {"logprobs": True, "top_logprobs": self.top_logprobs}
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name):
+                payload |= {name: True, "top_logprobs": self.top_logprobs}
         if self.logit_bias:
             payload["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return payload | structure_payload(self.structure)
@@ -221,7 +227,7 @@ def _sampling_violations(sampling: Sampling, limits: Limits) -> list[FieldViolat
         found.append(
             FieldViolation("sampling.top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
         )
-    elif sampling.top_logprobs and not sampling.logprobs:
+    elif sampling.top_logprobs and not (sampling.logprobs or sampling.prompt_logprobs):
         found.append(FieldViolation("sampling.top_logprobs", "needs logprobs"))
     found += [FieldViolation(f"sampling.{f}", why) for f, why in sampling.structure.violations()]
     return [*found, *_penalty_violations(sampling)]

@@ -11,6 +11,9 @@ from tollgate.v1 import events_pb2
 
 
 def structure_from_proto(s: events_pb2.SamplingParams) -> Structure:
+    """The structure as sent or stored. An unset `tool_format` stays "": admission then
+    chooses the model's own and stores it; a worker reading "" from a stored run writes
+    the generic format, as the engine does with ""."""
     return Structure(
         response_format=s.response_format.type or "text",
         json_schema=s.response_format.json_schema,
@@ -18,6 +21,7 @@ def structure_from_proto(s: events_pb2.SamplingParams) -> Structure:
         tool_choice=s.tool_choice.mode or "auto",
         function=s.tool_choice.function,
         parallel_tool_calls=s.parallel_tool_calls if s.HasField("parallel_tool_calls") else True,
+        tool_format=s.tool_format,
     )
 
 
@@ -47,4 +51,6 @@ def structure_payload(structure: Structure) -> dict[str, Any]:
             payload["tool_choice"]["function"] = structure.function
     if not structure.parallel_tool_calls:
         payload["parallel_tool_calls"] = False
+    if structure.tool_format not in ("", "generic"):
+        payload["tool_format"] = structure.tool_format
     return payload

@@ -74,9 +74,10 @@ def step_events(run: AssignedRun, outputs: Sequence[RequestOutput]) -> list[NewE
             continue
         text = "".join(output.text_delta for output in answer)
         payload: dict[str, Any] = {"token_ids": token_ids, "text": text}
-        logprobs = [logprob_json(entry) for output in answer for entry in output.logprobs]
-        if logprobs:
-            payload["logprobs"] = logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            entries = [logprob_json(e) for output in answer for e in getattr(output, name)]
+            if entries:
+                payload[name] = entries
         if run.num_answers > 1:
             payload["index"] = answer[0].index
             if answer[-1].finish_reason is not None:

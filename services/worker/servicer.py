@@ -39,6 +39,7 @@ def _sampling(s: events_pb2.SamplingParams) -> SamplingParams:
         json_schema=json_schema,
         grammar=grammar,
         logprobs=s.top_logprobs if s.logprobs else None,
+        prompt_logprobs=s.top_logprobs if s.prompt_logprobs else None,
         n=s.n if s.HasField("n") else 1,
     )
 

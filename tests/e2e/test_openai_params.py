@@ -203,6 +203,39 @@ def test_logprobs_are_the_tokens_and_their_alternatives(sdk: openai.OpenAI) -> N
     assert 1 <= len(tokens) <= 4
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(
+    stack: Stack, key: str, sdk: openai.OpenAI
+) -> None:
+    """A loglikelihood request as lm-evaluation-harness sends it: echo, logprobs, greedy."""
+    prompt = "Once upon a time"
+    answer = sdk.completions.create(
+        model="tiny", prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    (choice,) = answer.choices
+    assert answer.usage is not None and choice.logprobs is not None
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    tokens = choice.logprobs.tokens or []
+    values = choice.logprobs.token_logprobs or []
+    assert len(tokens) == len(values) == answer.usage.total_tokens
+    # The prompt's tokens as the model reads it: with the BOS the tokenizer adds.
+    assert "".join(tokens).endswith(choice.text)
+    assert values[0] is None and all(v is not None and v <= 0 for v in values[1:])
+    tops = choice.logprobs.top_logprobs or []
+    assert tops[0] is None and all(len(top) == 1 for top in tops[1:])
+    streamed = sdk.completions.create(
+        model="tiny", prompt=prompt, max_tokens=1, temperature=0, echo=True, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == choice.text
+    # The SDK's prompt_logprobs: the same scores on the first streaming event.
+    with stack.client(key) as client:
+        events = list(
+            client.generate(prompt, model="tiny", max_tokens=1, temperature=0, prompt_logprobs=True)
+        )
+    (first, *_) = [e for e in events if e.kind == "streaming"]
+    scored = [e.logprob for e in first.prompt_logprobs]
+    assert scored == pytest.approx(values[1:-1], abs=1e-5)  # the last is the answer's
+
+
 def test_n_answers_draw_apart_share_the_prompt_and_bill_it_once(
     stack: Stack, key: str, sdk: openai.OpenAI
 ) -> None:

@@ -205,6 +205,15 @@ def test_only_openai_servers_refuse_parameters_and_only_those_set() -> None:
         assert unsupported(kind, {"top_k": 5, "ignore_eos": True, "stop_token_ids": [2]}) is None
 
 
+def test_only_the_built_in_engine_scores_prompts_and_hermes_calls_need_lark() -> None:
+    for kind in ("openai", "vllm", "sglang", "llama-server"):
+        assert unsupported(kind, {"prompt_logprobs": True})[0] == "prompt_logprobs"  # type: ignore[index]
+    required = {"tools": [{"name": "f"}], "tool_choice": {"mode": "required"}}
+    assert unsupported("sglang", required) is None
+    assert unsupported("sglang", {**required, "tool_format": "hermes"})[0] == "tools"  # type: ignore[index]
+    assert unsupported("vllm", {**required, "tool_format": "hermes"}) is None
+
+
 def test_waiting_requests_are_read_from_prometheus_text() -> None:
     text = (
         "# HELP vllm:num_requests_waiting Number of requests waiting.\n"

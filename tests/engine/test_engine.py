@@ -9,7 +9,7 @@ import torch
 from engine.batcher import StepPlan
 from engine.errors import RequestError
 from engine.llm_engine import LLMEngine
-from engine.model_runner import Sampled
+from engine.model_runner import Executed, Sampled
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
 from tests.engine.helpers import run_all, text_of, tokens_of
@@ -30,11 +30,12 @@ def force_tokens(engine: LLMEngine, choose: Callable[[Sequence, int], int]) -> N
         plan: StepPlan,
         generators: Mapping[str, torch.Generator],
         masks: Mapping[str, torch.Tensor] | None = None,
-    ) -> list[Sampled]:
-        return [
-            (seq, choose(seq, token), logprob)
-            for seq, token, logprob in execute(plan, generators, masks)
+    ) -> Executed:
+        executed = execute(plan, generators, masks)
+        sampled: list[Sampled] = [
+            (seq, choose(seq, token), logprob) for seq, token, logprob in executed.sampled
         ]
+        return Executed(sampled, executed.scored)
 
     engine.runner.execute = forced  # type: ignore[method-assign]
 

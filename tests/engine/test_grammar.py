@@ -17,8 +17,10 @@ from engine.grammar import MAX_CACHED_GRAMMARS, Grammars
 from engine.llm_engine import LLMEngine
 from engine.model_dirs.fetch import FetchError, resolve_model
 from engine.sampling import SamplingParams
+from engine.structure import FunctionTool, Structure
 from tests.engine.helpers import run_all, text_of, tokens_of
 from tests.engine.test_engine import prompt
+from tollgate.structure import tool_calls_of
 
 MakeEngine = Callable[..., LLMEngine]
 
@@ -141,6 +143,46 @@ def test_a_lark_grammar_may_embed_a_schema(make_engine: MakeEngine) -> None:
     )
     assert result.text.startswith("verdict: ")
     assert json.loads(result.text.removeprefix("verdict: ")) in ENUM["enum"]
+
+
+# Tools whose arguments a random model can finish.
+TOOLS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Oslo", "Bergen"]}, "days": PERSON["properties"]["age"]},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+    "get_time": {"type": "object", "properties": {}, "additionalProperties": False},
+}
+
+
+@pytest.mark.parametrize("tool_format", ["generic", "hermes", "llama3"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_the_tiny_model_calls_tools_in_each_format(
+    make_engine: MakeEngine, tool_format: str, parallel: bool
+) -> None:
+    structure = Structure(
+        tools=tuple(FunctionTool(name, "", json.dumps(schema)) for name, schema in TOOLS.items()),
+        tool_choice="required",
+        parallel_tool_calls=parallel,
+        tool_format=tool_format,
+    )
+    json_schema, grammar = structure.constraint()
+    params = [
+        SamplingParams(
+            max_tokens=200, temperature=1.0, seed=s, json_schema=json_schema, grammar=grammar
+        )
+        for s in range(3)
+    ]
+    results = make_engine().generate([prompt(6, seed=s) for s in range(3)], params)
+    for result in results:
+        assert result.finish_reason == "stop", result.text
+        calls = tool_calls_of(result.text, "run_1")
+        assert calls, result.text
+        assert parallel or len(calls) == 1
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), TOOLS[call.name])
 
 
 def test_ignore_eos_still_ends_when_the_grammar_is_complete(make_engine: MakeEngine) -> None:

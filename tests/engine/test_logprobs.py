@@ -4,7 +4,9 @@ penalties, biases and grammar left it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
+import pytest
 import torch
 
 from engine.llm_engine import LLMEngine
@@ -74,3 +76,48 @@ def test_under_a_grammar_they_are_the_masked_distribution(make_engine: MakeEngin
         mass = sum(torch.tensor([v for _, v in entry.top]).exp().tolist())
         assert abs(mass - 1.0) < 1e-4
         assert len(entry.top) < 20
+
+
+@pytest.mark.parametrize("budget", [64, 7])
+def test_prompt_logprobs_are_the_model_s_distribution_over_its_whole_prompt(
+    make_engine: MakeEngine, budget: int
+) -> None:
+    """Chunked or not, and though the prompt is in the prefix cache already."""
+    engine = make_engine(max_num_batched_tokens=budget)
+    ids = prompt(29, seed=5)
+    engine.generate([ids], SamplingParams(max_tokens=1))  # its blocks now cached
+    params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3, logprobs=1)
+    [result] = engine.generate([ids], params)
+    assert result.metrics.num_cached_prompt_tokens == 0
+    assert len(result.prompt_logprobs) == len(ids) - 1
+    # Row p predicts token p + 1.
+    expected = torch.log_softmax(paged_logits(engine.runner.model, ids, [len(ids)]), dim=-1)
+    for p, entry in enumerate(result.prompt_logprobs):
+        assert entry.token_id == ids[p + 1]
+        assert abs(entry.logprob - expected[p, ids[p + 1]].item()) < 1e-4
+        values, top_ids = expected[p].topk(3)
+        assert [t for t, _ in entry.top] == top_ids.tolist()
+        assert torch.allclose(torch.tensor([v for _, v in entry.top]), values, atol=1e-4)
+    # The output's own logprobs are as without prompt_logprobs.
+    [plain] = engine.generate([ids], replace(params, prompt_logprobs=None))
+    assert plain.prompt_logprobs == () and plain.token_ids == result.token_ids
+
+
+def test_prompt_logprobs_survive_preemption_once_each(make_engine: MakeEngine) -> None:
+    prompts = [prompt(n, seed=n) for n in (3, 30, 57, 21, 44)]
+    roomy = make_engine(max_num_batched_tokens=512)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    expected = roomy.generate(prompts, params)
+    cramped = make_engine(num_kv_blocks=40, max_num_batched_tokens=16)
+    results = cramped.generate(prompts, params)
+    assert sum(r.metrics.num_preemptions for r in results) > 0
+    for got, want, ids in zip(results, expected, prompts, strict=True):
+        assert [e.token_id for e in got.prompt_logprobs] == ids[1:]
+        assert all(e.top == () for e in got.prompt_logprobs)
+        for a, b in zip(got.prompt_logprobs, want.prompt_logprobs, strict=True):
+            assert abs(a.logprob - b.logprob) < 1e-4
+
+
+def test_a_one_token_prompt_has_no_prompt_logprobs(make_engine: MakeEngine) -> None:
+    [result] = make_engine().generate([[7]], SamplingParams(max_tokens=2, prompt_logprobs=2))
+    assert result.prompt_logprobs == () and len(result.token_ids) == 2

@@ -106,10 +106,10 @@ def test_decode_steps_take_the_native_call_and_generate_the_same_tokens(
 
     def watched(*args: object) -> object:
         calls = len(rows)
-        sampled = execute(*args)
-        if len(rows) > calls and len(sampled) < rows[-1]:
+        executed = execute(*args)
+        if len(rows) > calls and len(executed.sampled) < rows[-1]:
             partial_steps.append(rows[-1])
-        return sampled
+        return executed
 
     runner.native_decoder = counted
     runner.execute = watched

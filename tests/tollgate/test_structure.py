@@ -9,7 +9,7 @@ import pytest
 
 from tests.tollgate.fake_gateway import logprob_of, script
 from tollgate import convert
-from tollgate.structure import Structure, tool_calls_of
+from tollgate.structure import Structure, may_open_calls, tool_calls_of
 from tollgate.types import ChatMessage, TokenLogprob, ToolCall, TopLogprob
 from tollgate.v1 import events_pb2
 
@@ -184,9 +184,75 @@ def test_calls_are_read_back_from_an_answer_with_the_gateway_s_ids() -> None:
     assert tool_calls_of(text, "run-2") != calls
 
 
+HERMES = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+)
+
+
 @pytest.mark.parametrize(
     "text",
-    ["Sunny.", '{"answer": 4}', '{"tool_calls": []}', '{"tool_calls": [{"arguments": {}}]}', "{"],
+    [
+        HERMES,
+        '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now"}]}',
+    ],
+)
+def test_hermes_blocks_are_read_as_the_generic_object_is(text: str) -> None:
+    calls = tool_calls_of(text, "run-1")
+    assert calls is not None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("now", {}),
+    ]
+    # The same ids as for the same calls in the generic format.
+    generic = '{"tool_calls": [{"name": "get_weather", "arguments": {}}, {"name": "now"}]}'
+    assert [c.id for c in calls] == [c.id for c in tool_calls_of(generic, "run-1") or ()]
+
+
+def test_a_llama3_object_is_one_call() -> None:
+    calls = tool_calls_of(' {"name": "get_weather", "parameters": {"city": "Paris"}}\n', "run-1")
+    assert calls is not None and len(calls) == 1
+    assert (calls[0].name, json.loads(calls[0].arguments)) == ("get_weather", {"city": "Paris"})
+    assert calls[0] == (tool_calls_of(HERMES, "run-1") or ())[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Sunny.",
+        '{"answer": 4}',
+        '{"tool_calls": []}',
+        '{"tool_calls": [{"arguments": {}}]}',
+        "{",
+        # hermes: each block whole, holding a named call, and nothing else
+        '<tool_call>\n{"name": "now", "arguments": {}}',
+        "<tool_call>\nnot json\n</tool_call>",
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "now"}\n</tool_call> and then some text',
+        'First: <tool_call>\n{"name": "now"}\n</tool_call>',
+        # llama3: only the whole answer, with nothing besides name and parameters
+        '{"name": "now", "parameters": {}, "extra": 1}',
+        '{"name": 4, "parameters": {}}',
+        '[{"name": "now", "parameters": {}}]',
+    ],
 )
 def test_text_is_not_calls(text: str) -> None:
     assert tool_calls_of(text, "run-1") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "may_be_calls"),
+    [
+        ("", True),
+        ("  ", True),
+        ('{"tool', True),
+        ("<", True),
+        (" <tool_c", True),
+        ("<tool_call>\n{", True),
+        ("Sunny", False),
+        ("<b>", False),
+        ("<tool_cal!", False),
+    ],
+)
+def test_an_answer_may_open_calls_until_it_cannot(text: str, may_be_calls: bool) -> None:
+    assert may_open_calls(text) is may_be_calls

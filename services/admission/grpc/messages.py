@@ -53,6 +53,7 @@ def params_from_proto(request: events_pb2.GenerateRequest, limits: Limits) -> Ge
         logprobs=s.logprobs,
         top_logprobs=s.top_logprobs,
         n=s.n if s.HasField("n") else 1,
+        prompt_logprobs=s.prompt_logprobs,
     )
     priority = PRIORITIES.get(
         request.priority or events_pb2.PRIORITY_INTERACTIVE, f"unknown ({request.priority})"

@@ -203,6 +203,7 @@ class HttpApi:
             tools=sampling.structure.calls_tools,
             token_bytes=tokenizer.token_bytes if sampling.logprobs else None,
             n=sampling.n,
+            echo=params.prompt if isinstance(body, CompletionRequest) and body.echo else None,
         )
         events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
         if body.stream:

@@ -2,7 +2,7 @@
 (no I/O).
 
 Unknown fields are ignored, as OpenAI's API does; a field that would change the answer in
-a way Tollgate cannot honour (`echo`, `suffix`, `best_of`, ...) is refused with a
+a way Tollgate cannot honour (`suffix`, `best_of`, ...) is refused with a
 400 naming it rather than silently dropped.
 """
 
@@ -132,7 +132,15 @@ def completion_params(
         raise InvalidArgument(violations)
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     logprobs = (body.logprobs is not None, body.logprobs or 0)
-    return _params(body, headers, limits, body.max_tokens, prompt=prompt, logprobs=logprobs)
+    return _params(
+        body,
+        headers,
+        limits,
+        body.max_tokens,
+        prompt=prompt,
+        logprobs=logprobs,
+        prompt_logprobs=bool(body.echo) and logprobs[0],
+    )
 
 
 def param_names(body: _Common) -> dict[str, str]:
@@ -150,6 +158,7 @@ def param_names(body: _Common) -> dict[str, str]:
         "sampling.min_p": "min_p",
         "sampling.logit_bias": "logit_bias",
         "sampling.logprobs": "logprobs",
+        "sampling.prompt_logprobs": "echo",
         "sampling.n": "n",
         "sampling.top_logprobs": "logprobs",
         "idempotency_key": "Idempotency-Key",
@@ -183,6 +192,7 @@ def _params(
     messages: tuple[ChatTurn, ...] = (),
     structure: Structure = FREE_TEXT,
     logprobs: tuple[bool, int] = (False, 0),
+    prompt_logprobs: bool = False,
 ) -> GenerateParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return GenerateParams(
@@ -208,6 +218,7 @@ def _params(
             logprobs=logprobs[0],
             top_logprobs=logprobs[1],
             n=1 if body.n is None else body.n,
+            prompt_logprobs=prompt_logprobs,
         ),
         priority="interactive",
         idempotency_key=headers.get(IDEMPOTENCY_HEADER, ""),
@@ -303,6 +314,7 @@ def _structure(body: ChatCompletionRequest, found: list[FieldViolation]) -> Stru
         tool_choice=mode,
         function=function_name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        tool_format="",  # the model's own, chosen by the gateway
     )
 
 
@@ -342,8 +354,6 @@ def _completion_violations(body: CompletionRequest) -> list[FieldViolation]:
         found.append(FieldViolation("prompt", "give one prompt (a string)"))
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_COMPLETION_LOGPROBS:
         found.append(FieldViolation("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}"))
-    if body.echo:
-        found.append(_unsupported("echo"))
     if body.suffix:
         found.append(_unsupported("suffix"))
     if body.best_of not in (None, 1):

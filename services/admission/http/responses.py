@@ -143,8 +143,11 @@ class Completion:
 
     With `tools`, an answer that may open calls (`may_open_calls`) is held back until it ends, then given as
     OpenAI's `tool_calls` (finish reason "tool_calls") when it parses as calls, else as the
-    text it is. With `token_bytes`, each token's logprobs go with its text. A choice ends
-    with the `streaming` event that says so (n > 1) or with the run's `completed`.
+    text it is. With `token_bytes`, each token's logprobs go with its text. With `echo`
+    (the completions endpoint's prompt), each choice's text starts with the prompt, and its
+    logprobs with the prompt's (the first token's null), which the run's first `streaming`
+    event brings. A choice ends with the `streaming` event that says so (n > 1) or with
+    the run's `completed`.
     """
 
     chat: bool
@@ -154,12 +157,16 @@ class Completion:
     tools: bool = False
     token_bytes: TokenBytes | None = None
     n: int = 1
+    echo: str | None = None
     created: int = 0
     usage: Mapping[str, Any] | None = None
     answers: list[Answer] = field(default_factory=list)
+    first_prompt_token: int = 0
 
     def __post_init__(self) -> None:
         self.answers = [Answer(i) for i in range(self.n)]
+        for answer in self.answers:
+            answer.text = answer.held = self.echo or ""
 
     def frames(self, event: StoredEvent) -> list[bytes]:
         """The SSE frames `event` adds to the stream (none for most bookkeeping events)."""
@@ -198,7 +205,10 @@ class Completion:
         """Takes in what `event` says of the answer."""
         if event.kind == RunState.QUEUED:
             self.created = int(event.created_at.timestamp())
+            self.first_prompt_token = int((event.payload.get("prompt_token_ids") or [0])[0])
         elif event.kind == RunState.STREAMING:
+            if event.payload.get("prompt_logprobs"):
+                self._echo_logprobs(event.payload["prompt_logprobs"])
             answer = self._answer(event)
             answer.text += event.payload.get("text", "")
             answer.logprobs += event.payload.get("logprobs", [])
@@ -210,6 +220,13 @@ class Completion:
             for answer in self.answers:
                 if answer.finish_reason is None:
                     self._end(answer, reason)
+
+    def _echo_logprobs(self, scored: list[Mapping[str, Any]]) -> None:
+        """Each choice's logprobs start with the prompt's: its first token has none."""
+        entries = [{"token_id": self.first_prompt_token, "logprob": None}, *scored]
+        for answer in self.answers:
+            answer.logprobs[:0] = entries
+            answer.held_logprobs[:0] = entries
 
     def _answer(self, event: StoredEvent) -> Answer:
         index = int(event.payload.get("index", 0))
@@ -272,7 +289,10 @@ class Completion:
             "tokens": tokens,
             "token_logprobs": [_logprob(e) for e in entries],
             "top_logprobs": [
-                {self._piece(t)["token"]: _logprob(t) for t in e.get("top", [])} for e in entries
+                None
+                if _logprob(e) is None
+                else {self._piece(t)["token"]: _logprob(t) for t in e.get("top", [])}
+                for e in entries
             ],
             "text_offset": offsets,
         }
@@ -319,9 +339,11 @@ def _call_json(index: int, call: ToolCall) -> dict[str, Any]:
     return {"index": index, "id": call.id, "type": "function", "function": function}
 
 
-def _logprob(entry: Mapping[str, Any]) -> float:
+def _logprob(entry: Mapping[str, Any]) -> float | None:
+    """None for an echoed prompt's first token, which has no logprob."""
     # proto3's JSON leaves a zero out.
-    return float(entry.get("logprob", 0.0))
+    logprob = entry.get("logprob", 0.0)
+    return None if logprob is None else float(logprob)
 
 
 def timestamp(moment: datetime | None) -> str | None:

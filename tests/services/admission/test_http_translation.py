@@ -252,7 +252,10 @@ def test_completion_prompts() -> None:
     assert complete(prompt="once").prompt == "once"
     assert complete(prompt=["once"]).prompt == "once"
     assert refused_param(lambda: complete(prompt=["a", "b"])) == "prompt"
-    assert refused_param(lambda: complete(prompt="a", echo=True)) == "echo"
+    echoed = complete(prompt="a", echo=True, logprobs=2).sampling
+    assert echoed.prompt_logprobs and echoed.top_logprobs == 2
+    assert echoed.payload()["prompt_logprobs"] is True
+    assert not complete(prompt="a", echo=True).sampling.prompt_logprobs
     assert refused_param(lambda: complete(prompt="a", best_of=2)) == "best_of"
     assert refused_param(lambda: complete(prompt="a", logprobs=9)) == "logprobs"
 
@@ -422,6 +425,30 @@ def test_logprobs_go_with_their_text_in_openais_shapes() -> None:
     logprobs = text.body()["choices"][0]["logprobs"]
     assert logprobs["tokens"] == ["Hel"] and logprobs["token_logprobs"] == [-0.5]
     assert logprobs["text_offset"] == [0] and logprobs["top_logprobs"][0]["Hel"] == -0.5
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_before_the_answer() -> None:
+    pieces = {7: b"Say", 8: b" hi", 1: b"Hel"}
+    scored = [{"token_id": 8, "logprob": -2.0, "top": [{"token_id": 1, "logprob": -1.0}]}]
+    said = {"token_id": 1, "logprob": -0.5}
+    queued = event(1, RunState.QUEUED, prompt_token_ids=[7, 8])
+    run = [queued, *run_saying("Hel", logprobs=[said], prompt_logprobs=scored)[1:]]
+    whole = Completion(False, "run_1", "m", token_bytes=pieces.__getitem__, echo="Say hi")
+    for stored in run:
+        whole.add(stored)
+    (choice,) = whole.body()["choices"]
+    assert choice["text"] == "Say hiHel"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["Say", " hi", "Hel"]
+    assert logprobs["token_logprobs"] == [None, -2.0, -0.5]
+    assert logprobs["top_logprobs"] == [None, {"Hel": -1.0}, {}]
+    assert logprobs["text_offset"] == [0, 3, 6]
+    streamed = Completion(False, "run_1", "m", token_bytes=pieces.__getitem__, echo="Say hi")
+    (first, *_) = rendered(streamed, run)
+    assert first["choices"][0]["text"] == "Say hiHel"
+    assert first["choices"][0]["logprobs"]["token_logprobs"] == [None, -2.0, -0.5]
+    plain = Completion(False, "run_1", "m", echo="Say hi")
+    assert rendered(plain, run_saying("Hel"))[0]["choices"][0]["text"] == "Say hiHel"
     plain = Completion(True, "run_1", "m")
     assert rendered(plain, run)[1]["choices"][0]["logprobs"] is None
 

@@ -105,6 +105,18 @@ def test_logprobs_travel_with_their_tokens_at_the_json_floor() -> None:
     ]
 
 
+def test_the_prompt_s_logprobs_travel_with_the_first_tokens() -> None:
+    scored = (TokenLogprob(7, -1.5), TokenLogprob(8, -0.5, ((8, -0.5),)))
+    first = RequestOutput("r1", (5,), "a", False, None, METRICS, prompt_logprobs=scored)
+    later = RequestOutput("r1", (6,), "b", False, None, METRICS)
+    [event] = step_events(RUN, [first, later])
+    assert event.payload["prompt_logprobs"] == [
+        {"token_id": 7, "logprob": -1.5, "top": []},
+        {"token_id": 8, "logprob": -0.5, "top": [{"token_id": 8, "logprob": -0.5}]},
+    ]
+    assert "logprobs" not in event.payload
+
+
 def test_outputs_without_tokens_make_no_event() -> None:
     assert step_events(RUN, [output((), "", None), output((), "", None)]) == []
 
