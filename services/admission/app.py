@@ -129,6 +129,7 @@ def _http_limits() -> HttpLimits:
         max_headers=_positive("TOLLGATE_HTTP_MAX_HEADERS", default.max_headers),
         header_timeout=_seconds("TOLLGATE_HTTP_HEADER_TIMEOUT", default.header_timeout),
         body_timeout=_seconds("TOLLGATE_HTTP_BODY_TIMEOUT", default.body_timeout),
+        responses_retention=_seconds("TOLLGATE_RESPONSES_RETENTION", default.responses_retention),
         trusted_proxies=tuple(
             proxy.strip()
             for proxy in env_str("TOLLGATE_HTTP_TRUSTED_PROXIES", "").split(",")

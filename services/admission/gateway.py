@@ -202,7 +202,8 @@ class Gateway:
                 len(prompt_token_ids), sampling.max_tokens, sampling.n, self.config.block_size
             ),
             traceparent=current_traceparent(),
-            replica_id=self.attachments.replica_id,
+            # A detached run gets no lease, and a run without one is never abandoned.
+            replica_id="" if params.detached else self.attachments.replica_id,
             key_id=candidate.key_id,
             spend_micros=worst_case_micros(
                 self.config.prices,

@@ -113,6 +113,8 @@ class GenerateParams:
     disconnect_grace: float
     until_terminal: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # No client's disconnect cancels it (a background response): it runs to its end.
+    detached: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", tuple(ChatTurn(*m) for m in self.messages))

@@ -162,3 +162,15 @@ ledger_entries = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("discount_micros", sa.BigInteger, nullable=False, server_default="0"),
 )
+
+responses = sa.Table(
+    "responses",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("request", JSON, nullable=False),
+    sa.Column("input_items", JSON, nullable=False),
+    sa.Column("conversation", JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+)

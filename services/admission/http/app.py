@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,6 +35,9 @@ from services.admission.http.responses import (
     run_json,
     sse_frame,
 )
+from services.admission.http.responses_routes import ResponsesApi
+from services.admission.http.sse import sse_response as _sse
+from services.admission.http.sse import until_disconnect as _until_disconnect
 from services.admission.requests import GenerateParams, Limits
 from services.admission.run_store import get_visible_run
 from services.core.auth import Principal, require_model
@@ -50,11 +52,9 @@ from services.core.errors import (
 from services.core.runs import RunState, StoredEvent, is_terminal
 from services.core.telemetry import bound_log_context
 
-T = TypeVar("T")
 NOT_JSON = "send a JSON object, with content-type: application/json"
 MAX_SEQ = 2**63 - 1
 SEQ = re.compile(r"[0-9]{1,19}")
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # Declared for the OpenAPI document; the key itself is checked as gRPC's is.
 bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
 
@@ -74,6 +74,7 @@ def create_app(gateway: Gateway, limits: HttpLimits = DEFAULT_LIMITS) -> FastAPI
     app.get("/v1/runs/{run_id}")(api.get_run)
     app.post("/v1/runs/{run_id}/cancel")(api.cancel_run)
     app.get("/v1/runs/{run_id}/events", response_model=None)(api.run_events)
+    ResponsesApi(gateway, api._principal, limits.responses_retention).route(app)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_exception)
@@ -239,25 +240,6 @@ def _resume_point(last_event_id: str | None, starting_after: int) -> int:
     raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
 
 
-def _sse(
-    frames: AsyncIterator[bytes], run_id: str, extra: Mapping[str, str] | None = None
-) -> StreamingResponse:
-    headers = {"x-request-id": run_id, **SSE_HEADERS, **(extra or {})}
-    return StreamingResponse(
-        _until_refused(frames), media_type="text/event-stream", headers=headers
-    )
-
-
-async def _until_refused(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The frames, and an API error raised while they stream (the key was revoked) as a
-    last `error` frame: the answer's status went out with the first frame."""
-    try:
-        async for frame in frames:
-            yield frame
-    except ApiError as error:
-        yield sse_frame(http_error(error).body)
-
-
 async def _completion_frames(
     events: AsyncIterator[StoredEvent], completion: Completion
 ) -> AsyncIterator[bytes]:
@@ -273,28 +255,6 @@ async def _last(events: AsyncIterator[StoredEvent], completion: Completion) -> S
         if is_terminal(event.kind):
             return event
     raise AssertionError("a run's events end with a terminal one")
-
-
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None once the client hangs up first (then `work` is cancelled,
-    which detaches from the run as a broken stream does)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        task.cancel()
-        # Waited for, so the run is detached before the answer goes.
-        await asyncio.gather(task, gone, return_exceptions=True)
-    if task.cancelled():
-        return None
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _json_error(error: ApiError, param_names: Mapping[str, str] | None = None) -> JSONResponse:

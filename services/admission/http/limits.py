@@ -36,6 +36,8 @@ class HttpLimits:
     # Addresses or networks (CIDR) of the proxies whose `X-Forwarded-For` names the
     # client; none by default, so the client is the transport peer.
     trusted_proxies: tuple[str, ...] = ()
+    # Seconds a Responses API response stays retrievable (TOLLGATE_RESPONSES_RETENTION).
+    responses_retention: float = 7 * 24 * 3600.0
 
     def proxy_networks(self) -> tuple[Network, ...]:
         """`trusted_proxies` parsed; raises ValueError for one that is not an address."""

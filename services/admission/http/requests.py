@@ -275,19 +275,31 @@ def _logit_bias(body: _Common) -> tuple[tuple[int, float], ...]:
 
 
 def _structure(body: ChatCompletionRequest, found: list[FieldViolation]) -> Structure:
-    """OpenAI's response_format, tools and tool_choice as admission's Structure; what is
-    malformed in their shapes goes to `found` (what they say is checked with the rest)."""
+    return structure_of(
+        body.response_format, body.tools, body.tool_choice, body.parallel_tool_calls, found
+    )
+
+
+def structure_of(
+    response_format_json: dict[str, Any] | None,
+    tools_json: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel_tool_calls: bool | None,
+    found: list[FieldViolation],
+) -> Structure:
+    """OpenAI's chat response_format, tools and tool_choice as admission's Structure; what
+    is malformed in their shapes goes to `found` (what they say is checked with the rest)."""
     response_format, json_schema = "text", ""
-    if body.response_format is not None:
-        response_format = str(body.response_format.get("type"))
+    if response_format_json is not None:
+        response_format = str(response_format_json.get("type"))
         if response_format == "json_schema":
-            spec = body.response_format.get("json_schema")
+            spec = response_format_json.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
             if not isinstance(schema, dict | bool):
                 found.append(FieldViolation("response_format.json_schema", "give its schema"))
             json_schema = json.dumps(schema)
     tools = []
-    for i, tool in enumerate(body.tools or ()):
+    for i, tool in enumerate(tools_json or ()):
         function = tool.get("function")
         if tool.get("type") != "function" or not isinstance(function, dict):
             found.append(FieldViolation(f"tools[{i}].type", "only function tools are supported"))
@@ -300,11 +312,11 @@ def _structure(body: ChatCompletionRequest, found: list[FieldViolation]) -> Stru
                 "" if parameters is None else json.dumps(parameters),
             )
         )
-    mode, function_name = "auto" if body.tools else "none", ""
-    if isinstance(body.tool_choice, str):
-        mode = body.tool_choice
-    elif isinstance(body.tool_choice, dict):
-        named = body.tool_choice.get("function")
+    mode, function_name = "auto" if tools_json else "none", ""
+    if isinstance(tool_choice, str):
+        mode = tool_choice
+    elif isinstance(tool_choice, dict):
+        named = tool_choice.get("function")
         mode = "function"
         function_name = str(named.get("name", "")) if isinstance(named, dict) else ""
     return Structure(
@@ -313,7 +325,7 @@ def _structure(body: ChatCompletionRequest, found: list[FieldViolation]) -> Stru
         tools=tuple(tools),
         tool_choice=mode,
         function=function_name,
-        parallel_tool_calls=body.parallel_tool_calls is not False,
+        parallel_tool_calls=parallel_tool_calls is not False,
         tool_format="",  # the model's own, chosen by the gateway
     )
 

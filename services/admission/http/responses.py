@@ -179,12 +179,10 @@ class Completion:
             delta = {"role": "assistant", "content": ""}
             return [sse_frame(self._chunk(a, delta), seq) for a in self.answers]
         if event.kind == RunState.STREAMING:
-            answer = self._answer(event)
-            answer.held += event.payload.get("text", "")
-            answer.held_logprobs += event.payload.get("logprobs", [])
+            answer = self.hold(event)
             if answer.finish_reason is not None:
                 return [sse_frame(chunk, seq) for chunk in self._ending(answer)]
-            if self.tools and may_open_calls(answer.held):
+            if not self.may_release(answer):
                 return []  # a call, maybe: held until the answer ends
             # Even without text (a character still incomplete), so that its seq is seen.
             return [sse_frame(self._text_chunk(answer), seq)]
@@ -195,6 +193,18 @@ class Completion:
             return [*(sse_frame(c, seq) for c in chunks), DONE]
         failure = run_failure(event)
         return [sse_frame(failure, seq), DONE] if failure else []
+
+    def hold(self, event: StoredEvent) -> Answer:
+        """The answer a `streaming` event (already `add`ed) speaks of, its text and logprobs
+        added to what it holds back from the stream."""
+        answer = self._answer(event)
+        answer.held += event.payload.get("text", "")
+        answer.held_logprobs += event.payload.get("logprobs", [])
+        return answer
+
+    def may_release(self, answer: Answer) -> bool:
+        """Whether what `answer` holds may be streamed now: not while it may open calls."""
+        return not (self.tools and may_open_calls(answer.held))
 
     def body(self) -> dict[str, Any]:
         """The whole completion, once its run completed."""
