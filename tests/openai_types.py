@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
-
 from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import BaseModel, TypeAdapter
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 

@@ -13,7 +13,7 @@ then (a row already there is kept as it was).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +36,7 @@ class ResponseRecord:
     input_items: Sequence[Mapping[str, Any]] = ()
     conversation: Sequence[Mapping[str, Any]] = ()
     created_at: datetime | None = None
-    deleted_at: datetime | None = field(default=None)
+    deleted_at: datetime | None = None
 
     @property
     def stored(self) -> bool:
@@ -80,16 +80,7 @@ async def find_response(
         row = (await conn.execute(query)).first()
     if row is None:
         return None
-    values = row._mapping
-    return ResponseRecord(
-        run_id=values["run_id"],
-        tenant_id=values["tenant_id"],
-        request=values["request"],
-        input_items=values["input_items"],
-        conversation=values["conversation"],
-        created_at=values["created_at"],
-        deleted_at=values["deleted_at"],
-    )
+    return ResponseRecord(**row._mapping)
 
 
 async def delete_response(db: Database, tenant_id: str, run_id: str) -> None:

@@ -165,20 +165,33 @@ def param_names(body: _Common) -> dict[str, str]:
         "disconnect_grace": GRACE_HEADER,
     }
     if isinstance(body, ChatCompletionRequest):
-        names |= {
-            "prompt": "messages",
-            "sampling.top_logprobs": "top_logprobs",
-            "sampling.response_format.type": "response_format.type",
-            "sampling.response_format.json_schema": "response_format.json_schema",
-            "sampling.tools": "tools",
-            "sampling.tool_choice.mode": "tool_choice",
-            "sampling.tool_choice.function": "tool_choice",
-        }
-        for i in range(len(body.tools or ())):
-            names[f"sampling.tools[{i}].name"] = f"tools[{i}].function.name"
-            names[f"sampling.tools[{i}].parameters"] = f"tools[{i}].function.parameters"
+        names |= {"prompt": "messages", "sampling.top_logprobs": "top_logprobs"}
+        names |= structure_names(
+            "response_format.type",
+            "response_format.json_schema",
+            "function.",
+            len(body.tools or ()),
+        )
         if body.max_completion_tokens is not None:
             names["sampling.max_tokens"] = "max_completion_tokens"
+    return names
+
+
+def structure_names(
+    format_type: str, format_schema: str, function_of: str, num_tools: int
+) -> dict[str, str]:
+    """OpenAI's names for the `Structure` fields: the format's type and schema, and each
+    tool's function fields under `tools[i].` + `function_of`."""
+    names = {
+        "sampling.response_format.type": format_type,
+        "sampling.response_format.json_schema": format_schema,
+        "sampling.tools": "tools",
+        "sampling.tool_choice.mode": "tool_choice",
+        "sampling.tool_choice.function": "tool_choice",
+    }
+    for i in range(num_tools):
+        for name in ("name", "parameters"):
+            names[f"sampling.tools[{i}].{name}"] = f"tools[{i}].{function_of}{name}"
     return names
 
 

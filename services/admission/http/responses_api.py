@@ -13,7 +13,7 @@ refused with a 400 naming them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ConfigDict
@@ -25,6 +25,7 @@ from services.admission.http.requests import (
     _common_violations,
     _params,
     param_names,
+    structure_names,
     structure_of,
 )
 from services.admission.requests import ChatTurn, GenerateParams, Limits
@@ -131,15 +132,8 @@ def response_param_names(body: ResponseRequest) -> dict[str, str]:
         "prompt": "input",
         "messages": "input",
         "sampling.max_tokens": "max_output_tokens",
-        "sampling.response_format.type": "text.format",
-        "sampling.response_format.json_schema": "text.format.schema",
-        "sampling.tools": "tools",
-        "sampling.tool_choice.mode": "tool_choice",
-        "sampling.tool_choice.function": "tool_choice",
     }
-    for i in range(len(body.tools or ())):
-        names[f"sampling.tools[{i}].name"] = f"tools[{i}].name"
-        names[f"sampling.tools[{i}].parameters"] = f"tools[{i}].parameters"
+    names |= structure_names("text.format", "text.format.schema", "", len(body.tools or ()))
     if body.max_output_tokens is None and body.max_tokens is not None:
         names["sampling.max_tokens"] = "max_tokens"
     return names
@@ -196,49 +190,85 @@ def _input(
         given = [{"type": "message", "role": "user", "content": given}]
     if not given:
         found.append(FieldViolation("input", "must not be empty"))
-    items: list[dict[str, Any]] = []
-    turns: list[ChatTurn] = []
+    read = _InputRead(found)
     for i, item in enumerate(given):
         kind = item.get("type", "message")
         if kind == "message":
-            _message(item, f"input[{i}]", items, turns, found)
+            read.message(item, f"input[{i}]")
         elif kind == "function_call":
-            _function_call(item, f"input[{i}]", items, turns, found)
+            read.function_call(item, f"input[{i}]")
         elif kind == "function_call_output":
-            output = item.get("output")
-            if not isinstance(output, str) or not isinstance(item.get("call_id"), str):
-                found.append(FieldViolation(f"input[{i}].output", "give call_id and output text"))
-                continue
-            items.append(
-                {"type": kind, "call_id": item["call_id"], "output": output, "status": "completed"}
-            )
-            turns.append(ChatTurn("tool", output, (), item["call_id"]))
+            read.function_call_output(item, f"input[{i}]")
         else:
             found.append(FieldViolation(f"input[{i}].type", f"{shown(str(kind))} is not supported"))
-    return tuple(items), tuple(turns)
+    return tuple(read.items), tuple(read.turns)
 
 
-def _message(
-    item: Mapping[str, Any],
-    field: str,
-    items: list[dict[str, Any]],
-    turns: list[ChatTurn],
-    found: list[FieldViolation],
-) -> None:
-    role, content = item.get("role"), item.get("content")
-    if role not in INPUT_ROLES:
-        found.append(FieldViolation(f"{field}.role", f"must be one of {', '.join(INPUT_ROLES)}"))
-        return
-    text = content if isinstance(content, str) else _parts_text(content)
-    if text is None:
-        found.append(FieldViolation(f"{field}.content", "only text content parts are supported"))
-        return
-    if role == "assistant":
-        part = {"type": "output_text", "text": text, "annotations": []}
-    else:
-        part = {"type": "input_text", "text": text}
-    items.append({"type": "message", "role": role, "content": [part], "status": "completed"})
-    turns.append(ChatTurn(ROLE_ALIASES.get(role, role), text))
+@dataclass(slots=True)
+class _InputRead:
+    """Input items read so far, as items and as chat turns; what is wrong goes to `found`."""
+
+    found: list[FieldViolation]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[ChatTurn] = field(default_factory=list)
+
+    def message(self, item: Mapping[str, Any], at: str) -> None:
+        role, content = item.get("role"), item.get("content")
+        if role not in INPUT_ROLES:
+            roles = ", ".join(sorted(INPUT_ROLES))
+            self.found.append(FieldViolation(f"{at}.role", f"must be one of {roles}"))
+            return
+        text = content if isinstance(content, str) else _parts_text(content)
+        if text is None:
+            self.found.append(
+                FieldViolation(f"{at}.content", "only text content parts are supported")
+            )
+            return
+        if role == "assistant":
+            part = {"type": "output_text", "text": text, "annotations": []}
+        else:
+            part = {"type": "input_text", "text": text}
+        self.items.append(
+            {"type": "message", "role": role, "content": [part], "status": "completed"}
+        )
+        self.turns.append(ChatTurn(ROLE_ALIASES.get(role, role), text))
+
+    def function_call(self, item: Mapping[str, Any], at: str) -> None:
+        call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+        if not all(isinstance(v, str) for v in (call_id, name, arguments)):
+            self.found.append(FieldViolation(at, "give call_id, name and arguments"))
+            return
+        call = ToolCall(str(call_id), str(name), str(arguments))
+        self.items.append(
+            {
+                "type": "function_call",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "status": "completed",
+            }
+        )
+        # Calls made together are one assistant turn.
+        if self.turns and self.turns[-1].role == "assistant" and self.turns[-1].tool_calls:
+            last = self.turns.pop()
+            self.turns.append(last._replace(tool_calls=(*last.tool_calls, call)))
+        else:
+            self.turns.append(ChatTurn("assistant", "", (call,)))
+
+    def function_call_output(self, item: Mapping[str, Any], at: str) -> None:
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(output, str) or not isinstance(call_id, str):
+            self.found.append(FieldViolation(f"{at}.output", "give call_id and output text"))
+            return
+        self.items.append(
+            {
+                "type": "function_call_output",
+                "call_id": call_id,
+                "output": output,
+                "status": "completed",
+            }
+        )
+        self.turns.append(ChatTurn("tool", output, (), call_id))
 
 
 def _parts_text(content: Any) -> str | None:
@@ -251,35 +281,6 @@ def _parts_text(content: Any) -> str | None:
             return None
         texts.append(text)
     return "".join(texts)
-
-
-def _function_call(
-    item: Mapping[str, Any],
-    field: str,
-    items: list[dict[str, Any]],
-    turns: list[ChatTurn],
-    found: list[FieldViolation],
-) -> None:
-    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
-    if not all(isinstance(v, str) for v in (call_id, name, arguments)):
-        found.append(FieldViolation(field, "give call_id, name and arguments"))
-        return
-    call = ToolCall(str(call_id), str(name), str(arguments))
-    items.append(
-        {
-            "type": "function_call",
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": call.arguments,
-            "status": "completed",
-        }
-    )
-    # Calls made together are one assistant turn.
-    if turns and turns[-1].role == "assistant" and turns[-1].tool_calls:
-        last = turns.pop()
-        turns.append(last._replace(tool_calls=(*last.tool_calls, call)))
-    else:
-        turns.append(ChatTurn("assistant", "", (call,)))
 
 
 def _response_format(

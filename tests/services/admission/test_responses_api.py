@@ -105,7 +105,11 @@ def test_input_and_instructions_become_chat_turns_after_the_previous_ones() -> N
     assert translated.request["metadata"] == {"k": "v"}
     assert not params.detached
     items = with_ids(translated.input_items, RUN)
-    assert [item["id"] for item in items] == ["msg_0123abcd_in0", "fc_0123abcd_in1", "fco_0123abcd_in2"]
+    assert [item["id"] for item in items] == [
+        "msg_0123abcd_in0",
+        "fc_0123abcd_in1",
+        "fco_0123abcd_in2",
+    ]
     assert [turn_of(turn_json(t)) for t in translated.conversation] == list(translated.conversation)
 
 
