@@ -9,7 +9,12 @@ its fields and find none missing.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -225,3 +230,18 @@ def test_fields_that_cannot_be_honoured_are_refused_by_name(sdk: openai.OpenAI) 
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}])
     assert refused.value.body["param"] == "tools[0].type"  # type: ignore[index]
+
+
+def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) -> None:
+    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text()
+    block = design.split("<!-- responses-snippet -->", 1)[1].split("```", 2)[1]
+    snippet = textwrap.dedent(block.split("\n", 1)[1]).replace("smollm2-135m-instruct", "tiny")
+    (tmp_path / ".tollgate" / "stack").mkdir(parents=True)
+    stack_file = {"http": stack.http, "api_key": stack.tenant_key("responses-doc")}
+    (tmp_path / ".tollgate" / "stack" / "stack.json").write_text(json.dumps(stack_file))
+    pasted = subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr
+    assert "response.completed" in pasted.stdout or "response.incomplete" in pasted.stdout

@@ -21,9 +21,9 @@ from pydantic import ConfigDict
 from engine.structure import ToolCall
 from services.admission.http.requests import (
     ROLE_ALIASES,
-    _Common,
-    _common_violations,
-    _params,
+    CommonRequest,
+    common_violations,
+    generate_params,
     param_names,
     structure_names,
     structure_of,
@@ -51,7 +51,7 @@ KEPT = (
 )
 
 
-class ResponseRequest(_Common):
+class ResponseRequest(CommonRequest):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -104,7 +104,7 @@ def response_params(
 ) -> Translated:
     """`previous`: the previous response's conversation and output, as chat turns.
     Raises InvalidArgument naming OpenAI's parameter."""
-    violations = [*_common_violations(body), *_refused(body)]
+    violations = [*common_violations(body), *_refused(body)]
     items, turns = _input(body.input, violations)
     structure = structure_of(
         _response_format(body.text, violations),
@@ -118,7 +118,7 @@ def response_params(
     conversation = (*previous, *turns)
     system = (ChatTurn("system", body.instructions),) if body.instructions else ()
     max_tokens = body.max_tokens if body.max_output_tokens is None else body.max_output_tokens
-    params = _params(
+    params = generate_params(
         body, headers, limits, max_tokens, messages=(*system, *conversation), structure=structure
     )
     if body.background:
