@@ -14,14 +14,19 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.e2e.conftest import Stack
+from services.admission.attachment_store import LEASE_SECONDS
+from services.stack.infra import Endpoints
+from services.stack.launcher import Services
+from tests.e2e.conftest import Stack, running_stack
 from tests.e2e.test_http import engine_suspended
+from tests.e2e.test_restarts import kill
 from tests.openai_types import parse_event, parse_response
 
 pytestmark = pytest.mark.slow
@@ -245,3 +250,60 @@ def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) 
     )  # fmt: skip
     assert pasted.returncode == 0, pasted.stderr
     assert "response.completed" in pasted.stdout or "response.incomplete" in pasted.stdout
+
+
+@pytest.fixture(scope="module")
+def two_replicas(
+    infra: Endpoints, template_database: str, tiny_model_dir: Path
+) -> Iterator[tuple[Stack, Services]]:
+    replicas = {"admission": 2}
+    with running_stack(infra, template_database, tiny_model_dir, replicas=replicas) as started:
+        yield started
+
+
+@pytest.mark.timeout(300)
+def test_background_responses_outlive_their_admission_and_every_restart(
+    two_replicas: tuple[Stack, Services],
+) -> None:
+    stack, services = two_replicas
+    key = stack.tenant_key("responses-replicas")
+
+    def clients() -> list[openai.OpenAI]:
+        return [
+            openai.OpenAI(base_url=f"{p.endpoints['http']}/v1", api_key=key, max_retries=0)
+            for p in services.of("admission")
+        ]
+
+    first, second = clients()
+    with engine_suspended(stack):
+        running = first.responses.create(
+            model="tiny",
+            input="A long story",
+            background=True,
+            max_output_tokens=400,
+            extra_headers={"x-tollgate-disconnect-grace": "0.2"},
+            **LONG,
+        )
+        # The replica that admitted it dies: past a lease and the grace, the replica
+        # started again would cancel a run its client left; this one goes on.
+        kill(services, "admission").restart()
+        time.sleep(LEASE_SECONDS + 1.0)
+    assert wait_ended(second, running.id).status == "incomplete"
+    ended = wait_ended(first, running.id)
+
+    for process in reversed(list(services.processes.values())):
+        process.stop()
+    for process in services.processes.values():
+        process.restart()
+
+    for client in clients():
+        assert client.responses.retrieve(running.id).output_text == ended.output_text
+        whole = checked(client.responses.retrieve(running.id, stream=True))
+        tail = checked(client.responses.retrieve(running.id, stream=True, starting_after=5))
+        assert [e.to_dict() for e in tail] == [e.to_dict() for e in whole[6:]]
+        assert client.responses.cancel(running.id).status == "incomplete"
+    after = second.responses.create(
+        model="tiny", input="And then?", max_output_tokens=4, previous_response_id=running.id
+    )
+    assert after.usage is not None and ended.usage is not None
+    assert after.usage.input_tokens > ended.usage.input_tokens
