@@ -193,7 +193,9 @@ def _input(
     read = _InputRead(found)
     for i, item in enumerate(given):
         kind = item.get("type", "message")
-        if kind == "message":
+        if not isinstance(kind, str):
+            found.append(FieldViolation(f"input[{i}].type", "must be a string"))
+        elif kind == "message":
             read.message(item, f"input[{i}]")
         elif kind == "function_call":
             read.function_call(item, f"input[{i}]")
@@ -214,7 +216,7 @@ class _InputRead:
 
     def message(self, item: Mapping[str, Any], at: str) -> None:
         role, content = item.get("role"), item.get("content")
-        if role not in INPUT_ROLES:
+        if not isinstance(role, str) or role not in INPUT_ROLES:
             roles = ", ".join(sorted(INPUT_ROLES))
             self.found.append(FieldViolation(f"{at}.role", f"must be one of {roles}"))
             return
@@ -276,8 +278,10 @@ def _parts_text(content: Any) -> str | None:
         return None
     texts = []
     for part in content:
-        text = part.get("text") if isinstance(part, dict) else None
-        if part.get("type") not in TEXT_PARTS or not isinstance(text, str):
+        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
+            return None
+        text = part.get("text")
+        if not isinstance(text, str):
             return None
         texts.append(text)
     return "".join(texts)

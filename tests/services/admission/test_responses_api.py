@@ -138,6 +138,12 @@ def test_background_runs_are_detached_and_tools_become_a_structure() -> None:
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"background": True, "store": False}, "background"),
         ({"input": []}, "input"),
+        ({"input": [{"role": ["user"], "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": "user", "content": ["x"]}]}, "input[0].content"),
+        ({"input": [{"type": {"a": 1}}]}, "input[0].type"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0]"),
+        ({"input": [{"type": "function_call_output", "output": 1}]}, "input[0].output"),
+        ({"text": {"format": "json"}}, "text.format"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
