@@ -152,6 +152,11 @@ def test_cancel_is_idempotent(stack: Stack, sdk: openai.OpenAI) -> None:
         created = sdk.responses.create(
             model="tiny", input="Go on", background=True, max_output_tokens=500, **LONG
         )
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.responses.create(
+                model="tiny", input="next", max_output_tokens=2, previous_response_id=created.id
+            )
+        assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
         first = sdk.responses.cancel(created.id)
         second = sdk.responses.cancel(created.id)
     assert first.status == second.status == "cancelled"

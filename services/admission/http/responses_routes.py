@@ -40,7 +40,7 @@ from services.admission.response_store import (
 )
 from services.admission.run_store import get_visible_run
 from services.core.auth import Principal, require_model
-from services.core.errors import NotFound
+from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.runs import StoredEvent, is_terminal
 from services.core.validation import shown
 
@@ -200,8 +200,12 @@ class ResponsesApi:
         return record, view, run.model
 
     async def _conversation(self, principal: Principal, response_id: str) -> tuple[ChatTurn, ...]:
-        """A previous response's conversation and its answer, for the next turn."""
+        """A previous response's conversation and its answer, for the next turn; one still
+        going is refused, its answer unknown."""
         record, view, _ = await self._load(principal, response_id)
+        if not view.ended:
+            why = f"response {shown(response_id)} is still {view.status}"
+            raise InvalidArgument([FieldViolation("previous_response_id", why)])
         return (*(turn_of(turn) for turn in record.conversation), *output_turns(view))
 
 
