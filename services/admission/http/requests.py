@@ -47,7 +47,7 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
-class CommonRequest(BaseModel):
+class _Common(BaseModel):
     """Fields both completion endpoints take."""
 
     # JSON has no infinities; Python's parser reads 1e999 as one.
@@ -72,7 +72,7 @@ class CommonRequest(BaseModel):
     min_p: float | None = None
 
 
-class ChatCompletionRequest(CommonRequest):
+class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -83,7 +83,7 @@ class ChatCompletionRequest(CommonRequest):
     response_format: dict[str, Any] | None = None
 
 
-class CompletionRequest(CommonRequest):
+class CompletionRequest(_Common):
     prompt: str | list[str]
     logprobs: int | None = None
     echo: bool | None = None
@@ -95,7 +95,7 @@ def chat_params(
     body: ChatCompletionRequest, headers: Mapping[str, str], limits: Limits
 ) -> GenerateParams:
     """Raises InvalidArgument naming OpenAI's parameter."""
-    violations = [*common_violations(body), *_chat_violations(body)]
+    violations = [*_common_violations(body), *_chat_violations(body)]
     messages = []
     for i, message in enumerate(body.messages):
         text = _message_text(message.content)
@@ -112,7 +112,7 @@ def chat_params(
     max_tokens = (
         body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
     )
-    return generate_params(
+    return _params(
         body,
         headers,
         limits,
@@ -127,12 +127,12 @@ def completion_params(
     body: CompletionRequest, headers: Mapping[str, str], limits: Limits
 ) -> GenerateParams:
     """Raises InvalidArgument naming OpenAI's parameter."""
-    violations = [*common_violations(body), *_completion_violations(body)]
+    violations = [*_common_violations(body), *_completion_violations(body)]
     if violations:
         raise InvalidArgument(violations)
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     logprobs = (body.logprobs is not None, body.logprobs or 0)
-    return generate_params(
+    return _params(
         body,
         headers,
         limits,
@@ -143,7 +143,7 @@ def completion_params(
     )
 
 
-def param_names(body: CommonRequest) -> dict[str, str]:
+def param_names(body: _Common) -> dict[str, str]:
     """OpenAI's name for each field path admission's validation may report."""
     names = {
         "sampling.max_tokens": "max_tokens",
@@ -195,8 +195,8 @@ def structure_names(
     return names
 
 
-def generate_params(
-    body: CommonRequest,
+def _params(
+    body: _Common,
     headers: Mapping[str, str],
     limits: Limits,
     max_tokens: int | None,
@@ -270,7 +270,7 @@ def _unsupported(name: str, why: str = "is not supported") -> FieldViolation:
     return FieldViolation(name, why)
 
 
-def common_violations(body: CommonRequest) -> list[FieldViolation]:
+def _common_violations(body: _Common) -> list[FieldViolation]:
     found = []
     if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
         found.append(FieldViolation("seed", f"must be between 0 and {MAX_SEED}"))
@@ -283,7 +283,7 @@ def _is_token_id(key: str) -> bool:
     return key.isascii() and key.isdigit() and len(key) <= 10
 
 
-def _logit_bias(body: CommonRequest) -> tuple[tuple[int, float], ...]:
+def _logit_bias(body: _Common) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 

@@ -21,9 +21,9 @@ from pydantic import ConfigDict
 from engine.structure import ToolCall
 from services.admission.http.requests import (
     ROLE_ALIASES,
-    CommonRequest,
-    common_violations,
-    generate_params,
+    _Common,
+    _common_violations,
+    _params,
     param_names,
     structure_names,
     structure_of,
@@ -51,7 +51,7 @@ KEPT = (
 )
 
 
-class ResponseRequest(CommonRequest):
+class ResponseRequest(_Common):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -104,7 +104,7 @@ def response_params(
 ) -> Translated:
     """`previous`: the previous response's conversation and output, as chat turns.
     Raises InvalidArgument naming OpenAI's parameter."""
-    violations = [*common_violations(body), *_refused(body)]
+    violations = [*_common_violations(body), *_refused(body)]
     items, turns = _input(body.input, violations)
     structure = structure_of(
         _response_format(body.text, violations),
@@ -114,11 +114,11 @@ def response_params(
         violations,
     )
     if violations:
-        raise InvalidArgument(violations)
+        raise InvalidArgument([_renamed(v) for v in violations])
     conversation = (*previous, *turns)
     system = (ChatTurn("system", body.instructions),) if body.instructions else ()
     max_tokens = body.max_tokens if body.max_output_tokens is None else body.max_output_tokens
-    params = generate_params(
+    params = _params(
         body, headers, limits, max_tokens, messages=(*system, *conversation), structure=structure
     )
     if body.background:
@@ -162,6 +162,13 @@ def turn_json(turn: ChatTurn) -> dict[str, Any]:
 def turn_of(data: Mapping[str, Any]) -> ChatTurn:
     calls = tuple(ToolCall(*call) for call in data.get("tool_calls", ()))
     return ChatTurn(data["role"], data["content"], calls, data.get("tool_call_id", ""))
+
+
+def _renamed(violation: FieldViolation) -> FieldViolation:
+    """A violation of the chat shapes `structure_of` reads, under the Responses API's name."""
+    if violation.field.startswith("response_format"):
+        return FieldViolation("text.format.schema", violation.description)
+    return violation
 
 
 def _refused(body: ResponseRequest) -> list[FieldViolation]:

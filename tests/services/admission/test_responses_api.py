@@ -144,6 +144,7 @@ def test_background_runs_are_detached_and_tools_become_a_structure() -> None:
         ({"input": [{"type": "function_call", "name": "f"}]}, "input[0]"),
         ({"input": [{"type": "function_call_output", "output": 1}]}, "input[0].output"),
         ({"text": {"format": "json"}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(fields: dict[str, Any], param: str) -> None:
