@@ -148,7 +148,10 @@ def _text(content: str | list[dict[str, Any]], field: str, found: list[FieldViol
         return content
     texts = []
     for j, block in enumerate(content):
-        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            found.append(FieldViolation(f"{field}[{j}].type", "only text blocks are supported"))
+            continue
+        if not isinstance(block.get("text"), str):
             found.append(FieldViolation(f"{field}[{j}].type", "only text blocks are supported"))
             continue
         texts.append(block["text"])

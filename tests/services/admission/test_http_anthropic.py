@@ -159,7 +159,11 @@ def test_an_output_format_constrains_the_answer_to_its_schema() -> None:
 def test_what_cannot_be_honoured_is_refused_by_name() -> None:
     image = {"type": "image", "source": {"type": "base64", "data": ""}}
     fields = refused_fields(
-        messages=[{"role": "user", "content": [image]}, {"role": "system", "content": "x"}],
+        messages=[
+            {"role": "user", "content": [image]},
+            {"role": "system", "content": "x"},
+            {"role": "user", "content": [{"type": "tool_result", "content": ["not a block"]}]},
+        ],
         thinking={"type": "enabled", "budget_tokens": 1024},
         tools=[{"type": "web_search_20250305", "name": "web_search"}],
         tool_choice={"type": "sometimes"},
@@ -167,6 +171,7 @@ def test_what_cannot_be_honoured_is_refused_by_name() -> None:
     assert set(fields) == {
         "messages[0].content[0].type",
         "messages[1].role",
+        "messages[2].content[0].content[0].type",
         "thinking",
         "tools[0].type",
         "tool_choice.type",
