@@ -18,14 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
-from services.admission.http import anthropic
+from services.admission.http import anthropic, anthropic_answers
 from services.admission.http.anthropic import (
     CountTokensRequest,
     MessagesRequest,
     count_params,
     message_params,
-    shaped_for,
 )
+from services.admission.http.anthropic_answers import shaped_for
 from services.admission.http.guard import RequestGuard, scope_principal
 from services.admission.http.limits import DEFAULT_LIMITS, HttpLimits
 from services.admission.http.requests import (
@@ -194,13 +194,13 @@ class HttpApi:
         assert principal.tenant_id is not None
         started = await self.gateway.start(principal.tenant_id, params, principal.key_id or "")
         sampling = params.sampling
-        message = anthropic.Message(
+        message = anthropic_answers.Message(
             started.run_id, params.model, sampling.structure.calls_tools, sampling.stop
         )
         events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
         if body.stream:
             frames = (f async for e in events for f in message.frames(e) if e.seq > after)
-            return _sse(frames, started.run_id, started.rate_limits, anthropic.error_frame)
+            return _sse(frames, started.run_id, started.rate_limits, anthropic_answers.error_frame)
         with bound_log_context(run_id=started.run_id, tenant_id=principal.tenant_id):
             ended = await _until_disconnect(request, _last(events, message))
         headers = {"x-request-id": started.run_id, **started.rate_limits}
@@ -354,7 +354,7 @@ async def _completion_frames(
 
 
 async def _last(
-    events: AsyncIterator[StoredEvent], completion: Completion | anthropic.Message
+    events: AsyncIterator[StoredEvent], completion: Completion | anthropic_answers.Message
 ) -> StoredEvent:
     """Feeds the run's events into `completion` until the terminal one, which it returns."""
     async for event in events:

@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.gateway import Gateway
-from services.admission.http.anthropic import shaped_for
+from services.admission.http.anthropic_answers import shaped_for
 from services.admission.http.limits import MAX_JSON_DEPTH, HttpLimits
 from services.admission.http.responses import HttpError, error_body, http_error
 from services.core.auth import Principal

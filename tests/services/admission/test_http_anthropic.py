@@ -1,6 +1,6 @@
 """Anthropic's Messages API bodies into admission's parameters, and run events into
 Anthropic's `message` object, stream events and error bodies: the pure half of
-`services/admission/http/anthropic.py`."""
+`services/admission/http/anthropic.py` and `anthropic_answers.py`."""
 
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ from pydantic import ValidationError
 
 from services.admission.http.anthropic import (
     CountTokensRequest,
-    Message,
     MessagesRequest,
-    anthropic_error,
     count_params,
     message_params,
     param_names,
-    shaped_for,
 )
+from services.admission.http.anthropic_answers import Message, anthropic_error, shaped_for
 from services.admission.http.responses import http_error
 from services.admission.requests import Limits, field_violations
 from services.core import errors
@@ -70,6 +68,13 @@ def test_sampling_fields_and_headers_become_the_run() -> None:
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p) == (9, 0.5, 0.9)
     assert (sampling.top_k, sampling.stop) == (4, ("END", "STOP"))
     assert (run.idempotency_key, run.disconnect_grace, run.until_terminal) == ("k1", 2.0, True)
+
+
+def test_a_resumed_stream_names_the_request_it_resumes() -> None:
+    assert params({"last-event-id": "3", "idempotency-key": "k1"}).idempotency_key == "k1"
+    with pytest.raises(InvalidArgument) as refused:
+        params({"last-event-id": "3"})
+    assert refused.value.violations[0].field == "Last-Event-ID"
 
 
 def test_max_tokens_is_required_as_anthropic_requires_it() -> None:
