@@ -1,6 +1,6 @@
 """Every endpoint of the HTTP front door, fuzzed from its own OpenAPI document by
 schemathesis against a running stack: no answer is a 5xx, and every refusal is an
-OpenAI error body."""
+OpenAI error body (Anthropic's on the Messages API's paths)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.e2e.conftest import Stack
 # TOLLGATE_FUZZ_EXAMPLES raises the count for a longer hunt.
 EXAMPLES = int(os.environ.get("TOLLGATE_FUZZ_EXAMPLES", "60"))
 ERROR_FIELDS = {"message", "type", "param", "code"}
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -31,18 +32,23 @@ def fuzz_key(stack: Stack) -> str:
 
 
 @schemathesis.check
-def openai_error_body(ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case) -> bool | None:  # fmt: skip
-    """A refusal is `{"error": {"message", "type", "param", "code"}}`."""
+def api_error_body(ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case) -> bool | None:  # fmt: skip
+    """A refusal is `{"error": {"message", "type", "param", "code"}}`, or Anthropic's
+    `{"type": "error", "error": {"type", "message"}}` on its paths."""
     if response.status_code < 400:
         return None
     body = json.loads(response.content)
+    if case.path in ANTHROPIC_PATHS:
+        assert isinstance(body, dict) and body.get("type") == "error", body
+        assert set(body["error"]) == {"type", "message"} and body["error"]["message"], body
+        return True
     assert isinstance(body, dict) and set(body) == {"error"}, body
     assert set(body["error"]) == ERROR_FIELDS, body
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     return True
 
 
-def test_no_endpoint_answers_5xx_and_every_error_is_openai_shaped(
+def test_no_endpoint_answers_5xx_and_every_error_has_its_apis_shape(
     stack: Stack, fuzz_key: str
 ) -> None:
     api = schemathesis.openapi.from_url(f"{stack.http}/openapi.json")
@@ -62,7 +68,7 @@ def fuzz(operation: schemathesis.APIOperation, mode: schemathesis.GenerationMode
         headers = {"authorization": f"Bearer {key}", **(case.headers or {})}
         response = case.call(headers=headers, timeout=120)
         assert response.headers.get("x-request-id"), "every answer carries x-request-id"
-        case.validate_response(response, checks=[not_a_server_error, openai_error_body])
+        case.validate_response(response, checks=[not_a_server_error, api_error_body])
 
     one()
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -17,6 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
+from services.admission.http import anthropic, anthropic_answers
+from services.admission.http.anthropic import (
+    CountTokensRequest,
+    MessagesRequest,
+    count_params,
+    message_params,
+)
+from services.admission.http.anthropic_answers import shaped_for
 from services.admission.http.guard import RequestGuard, scope_principal
 from services.admission.http.limits import DEFAULT_LIMITS, HttpLimits
 from services.admission.http.requests import (
@@ -28,6 +37,7 @@ from services.admission.http.requests import (
 )
 from services.admission.http.responses import (
     Completion,
+    HttpError,
     error_body,
     event_json,
     http_error,
@@ -38,7 +48,7 @@ from services.admission.http.responses import (
 from services.admission.http.responses_routes import ResponsesApi
 from services.admission.http.sse import sse_response as _sse
 from services.admission.http.sse import until_disconnect as _until_disconnect
-from services.admission.requests import GenerateParams, Limits
+from services.admission.requests import GenerateParams, Limits, field_violations
 from services.admission.run_store import get_visible_run
 from services.core.auth import Principal, require_model
 from services.core.errors import (
@@ -74,6 +84,8 @@ def create_app(gateway: Gateway, limits: HttpLimits = DEFAULT_LIMITS) -> FastAPI
     app.get("/v1/runs/{run_id}")(api.get_run)
     app.post("/v1/runs/{run_id}/cancel")(api.cancel_run)
     app.get("/v1/runs/{run_id}/events", response_model=None)(api.run_events)
+    app.post("/v1/messages", response_model=None)(api.messages)
+    app.post("/v1/messages/count_tokens")(api.count_tokens)
     ResponsesApi(gateway, api._principal, limits.responses_retention).route(app)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -167,6 +179,61 @@ class HttpApi:
         frames = (sse_frame(event_json(e), e.seq) async for e in events)
         return _sse(frames, run.run_id)
 
+    async def messages(
+        self,
+        body: MessagesRequest,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        last_event_id: Annotated[str | None, Header(description="resume after this seq")] = None,
+    ) -> Response:
+        """Anthropic's Messages API. A stream asked again with the same `Idempotency-Key`
+        and a `Last-Event-ID` goes on after that seq."""
+        request.state.param_names = anthropic.param_names(body)
+        principal = await self._principal(request)
+        after = _resume_point(last_event_id, 0)
+        params = message_params(body, request.headers, self._limits)
+        self._model(principal, params.model)
+        assert principal.tenant_id is not None
+        started = await self.gateway.start(principal.tenant_id, params, principal.key_id or "")
+        sampling = params.sampling
+        message = anthropic_answers.Message(
+            started.run_id, params.model, sampling.structure.calls_tools, sampling.stop
+        )
+        events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
+        if body.stream:
+            frames = (f async for e in events for f in message.frames(e) if e.seq > after)
+            return _sse(frames, started.run_id, started.rate_limits, anthropic_answers.error_frame)
+        with bound_log_context(run_id=started.run_id, tenant_id=principal.tenant_id):
+            ended = await _until_disconnect(request, _last(events, message))
+        headers = {"x-request-id": started.run_id, **started.rate_limits}
+        return _whole(request.url.path, ended, message.body, headers)
+
+    async def count_tokens(
+        self,
+        body: CountTokensRequest,
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> dict[str, int]:
+        """The input tokens a message request would take, its tools as the model's chat
+        template shows them."""
+        request.state.param_names = anthropic.param_names(body)
+        principal = await self._principal(request)
+        params = self.gateway.catalog.with_tool_format(count_params(body, self._limits))
+        entry = self._model(principal, params.model)
+        violations = field_violations(params, [entry.name], self._limits)
+        if violations:
+            raise InvalidArgument(violations)
+        return {"input_tokens": len(await asyncio.to_thread(entry.prompt_token_ids, params))}
+
+    def _model(self, principal: Principal, name: str) -> ModelEntry:
+        """The model the request names; PermissionDenied when the key may not use it,
+        NotFound when there is none of that name."""
+        require_model(principal, name)
+        entry = self.gateway.catalog.find(principal, name)
+        if entry is None:
+            raise NotFound(f"model: {name[:64]!r} not found")
+        return entry
+
     async def _principal(self, request: Request) -> Principal:
         """The caller's key, as `RequestGuard` found it before the body was read."""
         principal = request.scope.get("state", {}).get("principal")
@@ -212,11 +279,7 @@ class HttpApi:
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             ended = await _until_disconnect(request, _last(events, completion))
         headers = {"x-request-id": started.run_id, **started.rate_limits}
-        failure = run_failure(ended) if ended is not None else None
-        if failure is not None:
-            status = 409 if ended is not None and ended.kind == RunState.CANCELLED else 500
-            return JSONResponse(failure, status, headers=headers)
-        return JSONResponse(completion.body(), headers=headers)
+        return _whole(request.url.path, ended, completion.body, headers)
 
 
 def _model(entry: ModelEntry) -> dict[str, Any]:
@@ -240,6 +303,22 @@ def _resume_point(last_event_id: str | None, starting_after: int) -> int:
     raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
 
 
+def _whole(
+    path: str,
+    ended: StoredEvent | None,
+    body: Callable[[], dict[str, Any]],
+    headers: dict[str, str],
+) -> JSONResponse:
+    """The whole answer of a run that ended with `ended` (None: its client left), or the
+    error it failed or was cancelled with."""
+    failure = run_failure(ended) if ended is not None else None
+    if failure is None:
+        return JSONResponse(body(), headers=headers)
+    status = 409 if ended is not None and ended.kind == RunState.CANCELLED else 500
+    answer = shaped_for(path, HttpError(status, failure, headers))
+    return JSONResponse(answer.body, answer.status, headers=answer.headers)
+
+
 async def _completion_frames(
     events: AsyncIterator[StoredEvent], completion: Completion
 ) -> AsyncIterator[bytes]:
@@ -248,7 +327,9 @@ async def _completion_frames(
             yield frame
 
 
-async def _last(events: AsyncIterator[StoredEvent], completion: Completion) -> StoredEvent:
+async def _last(
+    events: AsyncIterator[StoredEvent], completion: Completion | anthropic_answers.Message
+) -> StoredEvent:
     """Feeds the run's events into `completion` until the terminal one, which it returns."""
     async for event in events:
         completion.add(event)
@@ -257,8 +338,10 @@ async def _last(events: AsyncIterator[StoredEvent], completion: Completion) -> S
     raise AssertionError("a run's events end with a terminal one")
 
 
-def _json_error(error: ApiError, param_names: Mapping[str, str] | None = None) -> JSONResponse:
-    answer = http_error(error, param_names)
+def _json_error(
+    request: Request, error: ApiError, param_names: Mapping[str, str] | None = None
+) -> JSONResponse:
+    answer = shaped_for(request.url.path, http_error(error, param_names))
     return JSONResponse(answer.body, answer.status, headers=answer.headers)
 
 
@@ -266,7 +349,7 @@ async def _api_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
     route = request.scope.get("route")
     count_rejection(getattr(route, "path", "unknown"), error)
-    return _json_error(error, getattr(request.state, "param_names", None))
+    return _json_error(request, error, getattr(request.state, "param_names", None))
 
 
 async def _validation_error(request: Request, error: Exception) -> Response:
@@ -278,7 +361,8 @@ async def _validation_error(request: Request, error: Exception) -> Response:
             violations.append(FieldViolation("body", NOT_JSON))
         else:
             violations.append(FieldViolation(_param(loc), str(issue.get("msg", "invalid"))))
-    return _json_error(InvalidArgument(violations or [FieldViolation("body", NOT_JSON)]))
+    violations = violations or [FieldViolation("body", NOT_JSON)]
+    return _json_error(request, InvalidArgument(violations))
 
 
 def _param(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -295,11 +379,13 @@ async def _http_exception(request: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     body = error_body(str(error.detail), kind, None, None)
-    return JSONResponse(body, error.status_code, headers=dict(error.headers or {}))
+    answer = HttpError(error.status_code, body, dict(error.headers or {}))
+    answer = shaped_for(request.url.path, answer)
+    return JSONResponse(answer.body, answer.status, headers=answer.headers)
 
 
 async def _unexpected_error(request: Request, error: Exception) -> Response:
-    return _json_error(as_api_error(request.url.path, error))
+    return _json_error(request, as_api_error(request.url.path, error))
 
 
 class RequestId:

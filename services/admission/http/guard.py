@@ -19,8 +19,9 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.gateway import Gateway
+from services.admission.http.anthropic_answers import shaped_for
 from services.admission.http.limits import MAX_JSON_DEPTH, HttpLimits
-from services.admission.http.responses import error_body, http_error
+from services.admission.http.responses import HttpError, error_body, http_error
 from services.core.auth import Principal
 from services.core.errors import (
     FieldViolation,
@@ -96,13 +97,15 @@ class RequestGuard:
         if isinstance(error, BodyTooLarge):
             message = f"the request body is over {self.limits.max_body_bytes} bytes"
             body = error_body(message, "invalid_request_error", "body", "request_too_large")
-            response = JSONResponse(body, 413, headers=headers)
+            answer = HttpError(413, body, {})
         else:
             route = self._route(scope)
             api_error = as_api_error(route, error)
             count_rejection(route, api_error)
             answer = http_error(api_error)
-            response = JSONResponse(answer.body, answer.status, {**answer.headers, **headers})
+        # The API the path belongs to says how its errors read.
+        answer = shaped_for(scope["path"], answer)
+        response = JSONResponse(answer.body, answer.status, {**answer.headers, **headers})
         await response(scope, receive, send)
 
     async def _body(self, headers: Headers, receive: Receive) -> bytes | None:
@@ -135,9 +138,13 @@ class RequestGuard:
 
 
 async def scope_principal(gateway: Gateway, scope: Scope) -> Principal:
-    """The tenant key the request's `authorization` header names, its failures counted
-    against the transport peer (or the client a trusted proxy names)."""
-    header = Headers(scope=scope).get("authorization", "")
+    """The tenant key the request's `authorization` header names (else its `x-api-key`,
+    as Anthropic's clients send it), its failures counted against the transport peer (or
+    the client a trusted proxy names)."""
+    headers = Headers(scope=scope)
+    header = headers.get("authorization", "")
+    if not header and "x-api-key" in headers:
+        header = f"Bearer {headers['x-api-key']}"
     client = scope.get("client")
     peer = client[0] if client else ""
     return await gateway.principal([("authorization", header)], peer)

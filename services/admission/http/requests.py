@@ -208,11 +208,11 @@ def _params(
     prompt_logprobs: bool = False,
 ) -> GenerateParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return GenerateParams(
-        model=body.model,
-        prompt=prompt,
-        messages=messages,
-        sampling=Sampling(
+    return generate_params(
+        body.model,
+        headers,
+        limits,
+        Sampling(
             max_tokens=min(DEFAULT_MAX_TOKENS, limits.max_tokens)
             if max_tokens is None
             else max_tokens,
@@ -233,6 +233,27 @@ def _params(
             n=1 if body.n is None else body.n,
             prompt_logprobs=prompt_logprobs,
         ),
+        prompt=prompt,
+        messages=messages,
+    )
+
+
+def generate_params(
+    model: str,
+    headers: Mapping[str, str],
+    limits: Limits,
+    sampling: Sampling,
+    *,
+    prompt: str = "",
+    messages: tuple[ChatTurn, ...] = (),
+) -> GenerateParams:
+    """An HTTP request's run: interactive, followed to its end, with the idempotency key
+    and disconnect grace its headers give."""
+    return GenerateParams(
+        model=model,
+        prompt=prompt,
+        messages=messages,
+        sampling=sampling,
         priority="interactive",
         idempotency_key=headers.get(IDEMPOTENCY_HEADER, ""),
         disconnect_grace=_grace(headers, limits),
@@ -317,14 +338,7 @@ def structure_of(
         if tool.get("type") != "function" or not isinstance(function, dict):
             found.append(FieldViolation(f"tools[{i}].type", "only function tools are supported"))
             continue
-        parameters = function.get("parameters")
-        tools.append(
-            FunctionTool(
-                str(function.get("name", "")),
-                str(function.get("description") or ""),
-                "" if parameters is None else json.dumps(parameters),
-            )
-        )
+        tools.append(function_tool(function, "parameters"))
     mode, function_name = "auto" if tools_json else "none", ""
     if isinstance(tool_choice, str):
         mode = tool_choice
@@ -340,6 +354,16 @@ def structure_of(
         function=function_name,
         parallel_tool_calls=parallel_tool_calls is not False,
         tool_format="",  # the model's own, chosen by the gateway
+    )
+
+
+def function_tool(spec: Mapping[str, Any], schema_field: str) -> FunctionTool:
+    """A tool's name, description and the JSON schema of its arguments (`spec[schema_field]`)."""
+    schema = spec.get(schema_field)
+    return FunctionTool(
+        str(spec.get("name", "")),
+        str(spec.get("description") or ""),
+        "" if schema is None else json.dumps(schema),
     )
 
 

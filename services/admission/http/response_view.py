@@ -117,7 +117,7 @@ class ResponseView:
             self.announced = True
             if event.kind == RunState.STREAMING:
                 answer = self.completion.hold(event)
-                if self.completion.may_release(answer):
+                if not self.completion.holds_back(answer):
                     out += self._release()
             return out
         if event.kind == RunState.COMPLETED:

@@ -88,8 +88,9 @@ def http_error(error: ApiError, param_names: Mapping[str, str] | None = None) ->
     return HttpError(status, error_body(message, error_type, param, code), headers)
 
 
-def sse_frame(data: Mapping[str, Any], seq: int | None = None) -> bytes:
-    head = f"id: {seq}\n" if seq is not None else ""
+def sse_frame(data: Mapping[str, Any], seq: int | None = None, event: str = "") -> bytes:
+    head = f"event: {event}\n" if event else ""
+    head += f"id: {seq}\n" if seq is not None else ""
     return f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
@@ -182,7 +183,7 @@ class Completion:
             answer = self.hold(event)
             if answer.finish_reason is not None:
                 return [sse_frame(chunk, seq) for chunk in self._ending(answer)]
-            if not self.may_release(answer):
+            if self.holds_back(answer):
                 return []  # a call, maybe: held until the answer ends
             # Even without text (a character still incomplete), so that its seq is seen.
             return [sse_frame(self._text_chunk(answer), seq)]
@@ -194,22 +195,23 @@ class Completion:
         failure = run_failure(event)
         return [sse_frame(failure, seq), DONE] if failure else []
 
+    def body(self) -> dict[str, Any]:
+        """The whole completion, once its run completed."""
+        choices = [self._choice(answer) for answer in self.answers]
+        return {**self._head(), "choices": choices, "usage": usage_body(self.usage or {})}
+
     def hold(self, event: StoredEvent) -> Answer:
-        """The answer a `streaming` event (already `add`ed) speaks of, its text and logprobs
-        added to what it holds back from the stream."""
+        """The answer a `streaming` event (already `add`ed) adds to, its text and logprobs
+        held until a stream sends them."""
         answer = self._answer(event)
         answer.held += event.payload.get("text", "")
         answer.held_logprobs += event.payload.get("logprobs", [])
         return answer
 
-    def may_release(self, answer: Answer) -> bool:
-        """Whether what `answer` holds may be streamed now: not while it may open calls."""
-        return not (self.tools and may_open_calls(answer.held))
-
-    def body(self) -> dict[str, Any]:
-        """The whole completion, once its run completed."""
-        choices = [self._choice(answer) for answer in self.answers]
-        return {**self._head(), "choices": choices, "usage": usage_body(self.usage or {})}
+    def holds_back(self, answer: Answer) -> bool:
+        """Whether a stream keeps the answer's held text back: it may still be calls, which
+        go once the answer ends."""
+        return self.tools and may_open_calls(answer.held)
 
     def add(self, event: StoredEvent) -> None:
         """Takes in what `event` says of the answer."""

@@ -4,7 +4,7 @@ when its client hangs up first. The completion routes and the Responses API shar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from fastapi import Request
@@ -17,23 +17,34 @@ T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
+def openai_error_frame(error: ApiError) -> bytes:
+    return sse_frame(http_error(error).body)
+
+
 def sse_response(
-    frames: AsyncIterator[bytes], run_id: str, extra: Mapping[str, str] | None = None
+    frames: AsyncIterator[bytes],
+    run_id: str,
+    extra: Mapping[str, str] | None = None,
+    error_frame: Callable[[ApiError], bytes] = openai_error_frame,
 ) -> StreamingResponse:
+    """`frames` as an SSE answer; `error_frame` writes an error that ends the stream in
+    the API's own shape."""
     headers = {"x-request-id": run_id, **SSE_HEADERS, **(extra or {})}
     return StreamingResponse(
-        _until_refused(frames), media_type="text/event-stream", headers=headers
+        _until_refused(frames, error_frame), media_type="text/event-stream", headers=headers
     )
 
 
-async def _until_refused(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _until_refused(
+    frames: AsyncIterator[bytes], error_frame: Callable[[ApiError], bytes]
+) -> AsyncIterator[bytes]:
     """The frames, and an API error raised while they stream (the key was revoked) as a
     last `error` frame: the answer's status went out with the first frame."""
     try:
         async for frame in frames:
             yield frame
     except ApiError as error:
-        yield sse_frame(http_error(error).body)
+        yield error_frame(error)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:

@@ -161,3 +161,41 @@ async def test_a_request_sent_whole_then_left_still_runs(admission: Admission) -
         async with asyncio.timeout(10):
             while await count_runs(admission) == 0:
                 await asyncio.sleep(0.05)
+
+
+async def test_the_messages_paths_take_x_api_key_and_refuse_in_anthropics_body(
+    admission: Admission,
+) -> None:
+    _, key = await admission.new_tenant_key("anthropic-guard")
+    async with serving(create_app(admission.core, SMALL), SMALL) as port:
+        wrong = b"POST /v1/messages HTTP/1.1\r\nhost: t\r\nx-api-key: tg_wrong\r\n"
+        answer = await exchange(port, wrong + b"content-length: 100\r\n\r\n", timeout=5)
+        assert answer is not None and answer.status == 401, answer
+        assert answer.json() == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": answer.json()["error"]["message"]},
+        }
+        assert answer.headers["connection"] == "close"
+
+        declared = head("/v1/messages", key, f"content-length: {SMALL.max_body_bytes + 1}\r\n")
+        answer = await exchange(port, declared, timeout=5)
+        assert answer is not None and answer.status == 413, answer
+        assert answer.json()["error"]["type"] == "request_too_large"
+
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        headers = {"x-api-key": key, "content-type": "application/json"}
+        counted = await exchange(
+            port, request("POST", "/v1/messages/count_tokens", headers, body.encode())
+        )
+        assert counted is not None and counted.status == 200, counted
+        assert counted.json()["input_tokens"] > 0
+        # Without max_tokens a message is refused, naming it, in Anthropic's body.
+        refused = await exchange(port, request("POST", "/v1/messages", headers, body.encode()))
+        assert refused is not None and refused.status == 400, refused
+        assert refused.json()["error"]["type"] == "invalid_request_error"
+        assert "max_tokens" in refused.json()["error"]["message"]
+        # The OpenAI paths keep OpenAI's body.
+        answer = await exchange(
+            port, head("/v1/completions", "tg_wrong", "connection: close\r\n"), timeout=5
+        )
+        assert answer is not None and answer.json()["error"]["param"] is None
