@@ -18,12 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from engine.structure import Structure, ToolCall
-from services.admission.http.requests import (
-    GRACE_HEADER,
-    IDEMPOTENCY_HEADER,
-    function_tool,
-    generate_params,
-)
+from services.admission.http.requests import GRACE_HEADER, IDEMPOTENCY_HEADER, generate_params
+from services.admission.http.tools import function_tool
 from services.admission.requests import ChatTurn, GenerateParams, Limits, Sampling
 from services.core.errors import FieldViolation, InvalidArgument
 

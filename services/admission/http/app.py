@@ -3,31 +3,22 @@
 
 from __future__ import annotations
 
-import asyncio
-import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
-from services.admission.http import anthropic, anthropic_answers
-from services.admission.http.anthropic import (
-    CountTokensRequest,
-    MessagesRequest,
-    count_params,
-    message_params,
-)
 from services.admission.http.anthropic_answers import shaped_for
-from services.admission.http.guard import RequestGuard, scope_principal
+from services.admission.http.guard import Credentials, RequestGuard, scope_principal
 from services.admission.http.limits import DEFAULT_LIMITS, HttpLimits
+from services.admission.http.messages_routes import MessagesApi
 from services.admission.http.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -41,14 +32,19 @@ from services.admission.http.responses import (
     error_body,
     event_json,
     http_error,
-    run_failure,
     run_json,
     sse_frame,
 )
 from services.admission.http.responses_routes import ResponsesApi
-from services.admission.http.sse import sse_response as _sse
-from services.admission.http.sse import until_disconnect as _until_disconnect
-from services.admission.requests import GenerateParams, Limits, field_violations
+from services.admission.http.sse import (
+    MAX_SEQ,
+    resume_point,
+    sse_response,
+    until_disconnect,
+    until_terminal,
+    whole_answer,
+)
+from services.admission.requests import GenerateParams, Limits
 from services.admission.run_store import get_visible_run
 from services.core.auth import Principal, require_model
 from services.core.errors import (
@@ -59,14 +55,10 @@ from services.core.errors import (
     as_api_error,
     count_rejection,
 )
-from services.core.runs import RunState, StoredEvent, is_terminal
+from services.core.runs import StoredEvent
 from services.core.telemetry import bound_log_context
 
 NOT_JSON = "send a JSON object, with content-type: application/json"
-MAX_SEQ = 2**63 - 1
-SEQ = re.compile(r"[0-9]{1,19}")
-# Declared for the OpenAPI document; the key itself is checked as gRPC's is.
-bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
 
 
 def create_app(gateway: Gateway, limits: HttpLimits = DEFAULT_LIMITS) -> FastAPI:
@@ -84,8 +76,7 @@ def create_app(gateway: Gateway, limits: HttpLimits = DEFAULT_LIMITS) -> FastAPI
     app.get("/v1/runs/{run_id}")(api.get_run)
     app.post("/v1/runs/{run_id}/cancel")(api.cancel_run)
     app.get("/v1/runs/{run_id}/events", response_model=None)(api.run_events)
-    app.post("/v1/messages", response_model=None)(api.messages)
-    app.post("/v1/messages/count_tokens")(api.count_tokens)
+    MessagesApi(gateway, api._principal).route(app)
     ResponsesApi(gateway, api._principal, limits.responses_retention).route(app)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -105,7 +96,7 @@ class HttpApi:
         self,
         body: ChatCompletionRequest,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
     ) -> Response:
         return await self._complete(
             request, body, lambda: chat_params(body, request.headers, self._limits)
@@ -115,7 +106,7 @@ class HttpApi:
         self,
         body: CompletionRequest,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
     ) -> Response:
         return await self._complete(
             request, body, lambda: completion_params(body, request.headers, self._limits)
@@ -124,7 +115,7 @@ class HttpApi:
     async def list_models(
         self,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
     ) -> dict[str, Any]:
         """The models the caller's key may use."""
         principal = await self._principal(request)
@@ -135,7 +126,7 @@ class HttpApi:
         self,
         model: str,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
     ) -> dict[str, Any]:
         entry = self.gateway.catalog.find(await self._principal(request), model)
         if entry is None:
@@ -146,7 +137,7 @@ class HttpApi:
         self,
         run_id: str,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
     ) -> JSONResponse:
         principal = await self._principal(request)
         run = await get_visible_run(self.gateway.store, principal, run_id)
@@ -156,7 +147,7 @@ class HttpApi:
         self,
         run_id: str,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
     ) -> JSONResponse:
         principal = await self._principal(request)
         run = await get_visible_run(self.gateway.store, principal, run_id)
@@ -167,72 +158,17 @@ class HttpApi:
         self,
         run_id: str,
         request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        credentials: Credentials,
         starting_after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
         last_event_id: Annotated[str | None, Header(description="an SSE id seen last")] = None,
     ) -> StreamingResponse:
         """The run's events after `Last-Event-ID` (else `starting_after`), until `billed`."""
         principal = await self._principal(request)
-        after = _resume_point(last_event_id, starting_after)
+        after = resume_point(last_event_id, starting_after)
         run = await get_visible_run(self.gateway.store, principal, run_id)
         events = await self.gateway.follow(principal, run.run_id, after, until_terminal=False)
         frames = (sse_frame(event_json(e), e.seq) async for e in events)
-        return _sse(frames, run.run_id)
-
-    async def messages(
-        self,
-        body: MessagesRequest,
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-        last_event_id: Annotated[str | None, Header(description="resume after this seq")] = None,
-    ) -> Response:
-        """Anthropic's Messages API. A stream asked again with the same `Idempotency-Key`
-        and a `Last-Event-ID` goes on after that seq."""
-        request.state.param_names = anthropic.param_names(body)
-        principal = await self._principal(request)
-        after = _resume_point(last_event_id, 0)
-        params = message_params(body, request.headers, self._limits)
-        self._model(principal, params.model)
-        assert principal.tenant_id is not None
-        started = await self.gateway.start(principal.tenant_id, params, principal.key_id or "")
-        sampling = params.sampling
-        message = anthropic_answers.Message(
-            started.run_id, params.model, sampling.structure.calls_tools, sampling.stop
-        )
-        events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
-        if body.stream:
-            frames = (f async for e in events for f in message.frames(e) if e.seq > after)
-            return _sse(frames, started.run_id, started.rate_limits, anthropic_answers.error_frame)
-        with bound_log_context(run_id=started.run_id, tenant_id=principal.tenant_id):
-            ended = await _until_disconnect(request, _last(events, message))
-        headers = {"x-request-id": started.run_id, **started.rate_limits}
-        return _whole(request.url.path, ended, message.body, headers)
-
-    async def count_tokens(
-        self,
-        body: CountTokensRequest,
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> dict[str, int]:
-        """The input tokens a message request would take, its tools as the model's chat
-        template shows them."""
-        request.state.param_names = anthropic.param_names(body)
-        principal = await self._principal(request)
-        params = self.gateway.catalog.with_tool_format(count_params(body, self._limits))
-        entry = self._model(principal, params.model)
-        violations = field_violations(params, [entry.name], self._limits)
-        if violations:
-            raise InvalidArgument(violations)
-        return {"input_tokens": len(await asyncio.to_thread(entry.prompt_token_ids, params))}
-
-    def _model(self, principal: Principal, name: str) -> ModelEntry:
-        """The model the request names; PermissionDenied when the key may not use it,
-        NotFound when there is none of that name."""
-        require_model(principal, name)
-        entry = self.gateway.catalog.find(principal, name)
-        if entry is None:
-            raise NotFound(f"model: {name[:64]!r} not found")
-        return entry
+        return sse_response(frames, run.run_id)
 
     async def _principal(self, request: Request) -> Principal:
         """The caller's key, as `RequestGuard` found it before the body was read."""
@@ -275,11 +211,13 @@ class HttpApi:
         )
         events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
         if body.stream:
-            return _sse(_completion_frames(events, completion), started.run_id, started.rate_limits)
+            return sse_response(
+                _completion_frames(events, completion), started.run_id, started.rate_limits
+            )
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
-            ended = await _until_disconnect(request, _last(events, completion))
+            ended = await until_disconnect(request, until_terminal(events, completion))
         headers = {"x-request-id": started.run_id, **started.rate_limits}
-        return _whole(request.url.path, ended, completion.body, headers)
+        return whole_answer(request.url.path, ended, completion.body, headers)
 
 
 def _model(entry: ModelEntry) -> dict[str, Any]:
@@ -294,48 +232,12 @@ def _model(entry: ModelEntry) -> dict[str, Any]:
     }
 
 
-def _resume_point(last_event_id: str | None, starting_after: int) -> int:
-    if last_event_id is None:
-        return starting_after
-    # ASCII digits only: `isdigit()` passes superscripts, which int() refuses.
-    if SEQ.fullmatch(last_event_id.strip()) and int(last_event_id) <= MAX_SEQ:
-        return int(last_event_id)
-    raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
-
-
-def _whole(
-    path: str,
-    ended: StoredEvent | None,
-    body: Callable[[], dict[str, Any]],
-    headers: dict[str, str],
-) -> JSONResponse:
-    """The whole answer of a run that ended with `ended` (None: its client left), or the
-    error it failed or was cancelled with."""
-    failure = run_failure(ended) if ended is not None else None
-    if failure is None:
-        return JSONResponse(body(), headers=headers)
-    status = 409 if ended is not None and ended.kind == RunState.CANCELLED else 500
-    answer = shaped_for(path, HttpError(status, failure, headers))
-    return JSONResponse(answer.body, answer.status, headers=answer.headers)
-
-
 async def _completion_frames(
     events: AsyncIterator[StoredEvent], completion: Completion
 ) -> AsyncIterator[bytes]:
     async for event in events:
         for frame in completion.frames(event):
             yield frame
-
-
-async def _last(
-    events: AsyncIterator[StoredEvent], completion: Completion | anthropic_answers.Message
-) -> StoredEvent:
-    """Feeds the run's events into `completion` until the terminal one, which it returns."""
-    async for event in events:
-        completion.add(event)
-        if is_terminal(event.kind):
-            return event
-    raise AssertionError("a run's events end with a terminal one")
 
 
 def _json_error(

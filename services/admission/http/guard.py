@@ -12,8 +12,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
+from typing import Annotated
 
+from fastapi import Depends
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.datastructures import Headers
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,6 +34,9 @@ from services.core.errors import (
 )
 
 API_PREFIX = "/v1/"
+# A route's key, declared for the OpenAPI document; `RequestGuard` checks it as gRPC's is.
+bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 TO_BRACKETS = bytes.maketrans(b"{}", b"[]")
 NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 

@@ -25,9 +25,8 @@ from services.admission.http.requests import (
     _common_violations,
     _params,
     param_names,
-    structure_names,
-    structure_of,
 )
+from services.admission.http.tools import structure_names, structure_of
 from services.admission.requests import ChatTurn, GenerateParams, Limits
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.validation import shown

@@ -14,11 +14,11 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.admission.gateway import Gateway
+from services.admission.http.guard import Credentials
 from services.admission.http.response_view import ResponseView, output_turns, replay
 from services.admission.http.responses import error_body
 from services.admission.http.responses_api import (
@@ -30,7 +30,7 @@ from services.admission.http.responses_api import (
     turn_of,
     with_ids,
 )
-from services.admission.http.sse import sse_response, until_disconnect
+from services.admission.http.sse import MAX_SEQ, sse_response, until_disconnect
 from services.admission.requests import ChatTurn
 from services.admission.response_store import (
     ResponseRecord,
@@ -43,10 +43,6 @@ from services.core.auth import Principal, require_model
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
 from services.core.runs import StoredEvent, is_terminal
 from services.core.validation import shown
-
-MAX_SEQ = 2**63 - 1
-bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
 class ResponsesApi:

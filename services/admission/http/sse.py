@@ -1,20 +1,67 @@
-"""Answers that last: server-sent-event streams, and a whole answer that is given up
-when its client hangs up first. The completion routes and the Responses API share them."""
+"""Answers that last: server-sent-event streams and where one resumes, and a whole answer
+folded from a run's events, given up when its client hangs up first. The completion
+routes, the Responses API and the Messages API share them."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from services.admission.http.responses import http_error, sse_frame
-from services.core.errors import ApiError
+from services.admission.http.anthropic_answers import shaped_for
+from services.admission.http.responses import HttpError, http_error, run_failure, sse_frame
+from services.core.errors import ApiError, FieldViolation, InvalidArgument
+from services.core.runs import RunState, StoredEvent, is_terminal
 
 T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+MAX_SEQ = 2**63 - 1
+SEQ = re.compile(r"[0-9]{1,19}")
+
+
+class Folds(Protocol):
+    """An answer built from a run's events as they come."""
+
+    def add(self, event: StoredEvent) -> None: ...
+
+
+def resume_point(last_event_id: str | None, starting_after: int) -> int:
+    """The seq a stream goes on after: `Last-Event-ID`'s, else `starting_after`."""
+    if last_event_id is None:
+        return starting_after
+    # ASCII digits only: `isdigit()` passes superscripts, which int() refuses.
+    if SEQ.fullmatch(last_event_id.strip()) and int(last_event_id) <= MAX_SEQ:
+        return int(last_event_id)
+    raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
+
+
+async def until_terminal(events: AsyncIterator[StoredEvent], answer: Folds) -> StoredEvent:
+    """Feeds the run's events into `answer` until the terminal one, which it returns."""
+    async for event in events:
+        answer.add(event)
+        if is_terminal(event.kind):
+            return event
+    raise AssertionError("a run's events end with a terminal one")
+
+
+def whole_answer(
+    path: str,
+    ended: StoredEvent | None,
+    body: Callable[[], dict[str, Any]],
+    headers: dict[str, str],
+) -> JSONResponse:
+    """The whole answer of a run that ended with `ended` (None: its client left), or the
+    error it failed or was cancelled with, in the shape of `path`'s API."""
+    failure = run_failure(ended) if ended is not None else None
+    if failure is None:
+        return JSONResponse(body(), headers=headers)
+    status = 409 if ended is not None and ended.kind == RunState.CANCELLED else 500
+    answer = shaped_for(path, HttpError(status, failure, headers))
+    return JSONResponse(answer.body, answer.status, headers=answer.headers)
 
 
 def openai_error_frame(error: ApiError) -> bytes:
