@@ -10,6 +10,7 @@ import grpc
 import structlog
 
 from services.admission.backpressure import QueueBounds
+from services.admission.batches import DEFAULT_IN_FLIGHT, BatchDriver
 from services.admission.cancel import Canceller
 from services.admission.catalog import ModelCatalog
 from services.admission.gateway import Gateway, GatewayConfig
@@ -67,6 +68,8 @@ class AdmissionSettings:
     default_max_concurrent_runs: int
     tls: ServerTls | None = None
     http_limits: HttpLimits = DEFAULT_LIMITS
+    # How many of a batch's runs may be unended at once (TOLLGATE_BATCH_IN_FLIGHT).
+    batch_in_flight: int = DEFAULT_IN_FLIGHT
 
     @classmethod
     def from_env(cls) -> AdmissionSettings:
@@ -106,6 +109,7 @@ class AdmissionSettings:
             ),
             tls=ServerTls.from_env(),
             http_limits=_http_limits(),
+            batch_in_flight=_positive("TOLLGATE_BATCH_IN_FLIGHT", DEFAULT_IN_FLIGHT),
         )
 
 
@@ -181,6 +185,7 @@ async def main(settings: AdmissionSettings) -> None:
         on_queued=scheduler.hint if scheduler is not None else None,
     )
     background.append(gateway.run())
+    background.append(BatchDriver(gateway, in_flight=settings.batch_in_flight).run())
 
     def add_servicers(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)

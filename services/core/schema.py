@@ -174,3 +174,60 @@ responses = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("deleted_at", sa.DateTime(timezone=True)),
 )
+
+files = sa.Table(
+    "files",
+    metadata,
+    sa.Column("file_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("purpose", sa.Text, nullable=False),
+    sa.Column("filename", sa.Text, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("lines", sa.Integer, nullable=False),
+    sa.Column("endpoints", JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+)
+
+file_chunks = sa.Table(
+    "file_chunks",
+    metadata,
+    sa.Column("file_id", sa.Text, primary_key=True),
+    sa.Column("chunk", sa.Integer, primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("batch_id", sa.Text, primary_key=True),
+    sa.Column("tenant_id", sa.Text, nullable=False),
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("endpoint", sa.Text, nullable=False),
+    sa.Column("input_file_id", sa.Text, nullable=False),
+    sa.Column("completion_window", sa.Text, nullable=False),
+    sa.Column("metadata", JSON(none_as_null=True)),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("total", sa.Integer, nullable=False),
+    sa.Column("output_file_id", sa.Text),
+    sa.Column("error_file_id", sa.Text),
+    sa.Column("errors", JSON(none_as_null=True)),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("in_progress_at", sa.DateTime(timezone=True)),
+    sa.Column("finalizing_at", sa.DateTime(timezone=True)),
+    sa.Column("completed_at", sa.DateTime(timezone=True)),
+    sa.Column("failed_at", sa.DateTime(timezone=True)),
+    sa.Column("expired_at", sa.DateTime(timezone=True)),
+    sa.Column("cancelling_at", sa.DateTime(timezone=True)),
+    sa.Column("cancelled_at", sa.DateTime(timezone=True)),
+)
+
+batch_lines = sa.Table(
+    "batch_lines",
+    metadata,
+    sa.Column("batch_id", sa.Text, primary_key=True),
+    sa.Column("line", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.Text),
+    sa.Column("error", JSON(none_as_null=True)),
+)

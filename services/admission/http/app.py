@@ -15,8 +15,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admission.catalog import ModelEntry
 from services.admission.gateway import Gateway
+from services.admission.http.answers import completion_for
 from services.admission.http.anthropic_answers import shaped_for
-from services.admission.http.guard import Credentials, RequestGuard, scope_principal
+from services.admission.http.batches_routes import BatchesApi
+from services.admission.http.guard import (
+    BodyTooLarge,
+    Credentials,
+    RequestGuard,
+    scope_principal,
+    too_large,
+)
 from services.admission.http.limits import DEFAULT_LIMITS, HttpLimits
 from services.admission.http.messages_routes import MessagesApi
 from services.admission.http.requests import (
@@ -25,6 +33,7 @@ from services.admission.http.requests import (
     chat_params,
     completion_params,
     param_names,
+    param_path,
 )
 from services.admission.http.responses import (
     Completion,
@@ -78,6 +87,7 @@ def create_app(gateway: Gateway, limits: HttpLimits = DEFAULT_LIMITS) -> FastAPI
     app.get("/v1/runs/{run_id}/events", response_model=None)(api.run_events)
     MessagesApi(gateway, api._principal).route(app)
     ResponsesApi(gateway, api._principal, limits.responses_retention).route(app)
+    BatchesApi(gateway, api._principal).route(app)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_exception)
@@ -195,20 +205,9 @@ class HttpApi:
         key_id = principal.key_id or ""
         params = params_of()
         require_model(principal, params.model)
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
         started = await self.gateway.start(tenant_id, params, key_id)
-        sampling = params.sampling
         tokenizer = self.gateway.catalog.get(params.model).tokenizer
-        completion = Completion(
-            bool(params.messages),
-            started.run_id,
-            params.model,
-            include_usage=include_usage,
-            tools=sampling.structure.calls_tools,
-            token_bytes=tokenizer.token_bytes if sampling.logprobs else None,
-            n=sampling.n,
-            echo=params.prompt if isinstance(body, CompletionRequest) and body.echo else None,
-        )
+        completion = completion_for(params, started.run_id, body, tokenizer.token_bytes)
         events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
         if body.stream:
             return sse_response(
@@ -269,9 +268,8 @@ async def _validation_error(request: Request, error: Exception) -> Response:
 
 def _param(loc: tuple[Any, ...] | list[Any]) -> str:
     """`messages[0].content` for pydantic's ("body", "messages", 0, "content")."""
-    path = ""
-    for part in list(loc)[1:] if loc and loc[0] in ("body", "query", "header", "path") else loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    where = loc and loc[0] in ("body", "query", "header", "path")
+    path = param_path(list(loc)[1:] if where else loc)
     if loc and loc[0] == "header":
         return path.replace("_", "-")
     return path or "body"
@@ -282,6 +280,8 @@ async def _http_exception(request: Request, error: Exception) -> Response:
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     body = error_body(str(error.detail), kind, None, None)
     answer = HttpError(error.status_code, body, dict(error.headers or {}))
+    if isinstance(error, BodyTooLarge):
+        answer = too_large(error)
     answer = shaped_for(request.url.path, answer)
     return JSONResponse(answer.body, answer.status, headers=answer.headers)
 

@@ -18,6 +18,7 @@ from fastapi import Depends
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,6 +35,8 @@ from services.core.errors import (
 )
 
 API_PREFIX = "/v1/"
+# The route whose body (a file, multipart) streams to it unbuffered, bounded apart.
+UPLOAD_PATH = "/v1/files"
 # A route's key, declared for the OpenAPI document; `RequestGuard` checks it as gRPC's is.
 bearer = HTTPBearer(auto_error=False, description="a Tollgate API key")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -41,8 +44,18 @@ TO_BRACKETS = bytes.maketrans(b"{}", b"[]")
 NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """An HTTP exception, so that one raised while FastAPI parses a form reaches the
+    app's handler as it is."""
+
+    def __init__(self, limit: int, what: str = "the request body", param: str = "body") -> None:
+        super().__init__(413, f"{what} is over {limit} bytes")
+        self.param = param
+
+
+def too_large(error: BodyTooLarge) -> HttpError:
+    body = error_body(error.detail, "invalid_request_error", error.param, "request_too_large")
+    return HttpError(413, body, {"connection": "close"})
 
 
 class RequestGuard:
@@ -64,6 +77,7 @@ class RequestGuard:
             return
         headers = Headers(scope=scope)
         body: bytes | None = None
+        streamed = False
         is_api = scope["path"].startswith(API_PREFIX)
         if not is_api and _declared_length(headers) <= self.limits.max_body_bytes:
             # Not buffered here: no route outside the API reads a body, and what nobody
@@ -74,10 +88,21 @@ class RequestGuard:
             if is_api:
                 principal = await scope_principal(self.gateway, scope)
                 scope.setdefault("state", {})["principal"] = principal
-            body = await self._body(headers, receive)
-            if body is None:
-                return  # the client left before its body came: nobody to answer
-            if is_api and not is_nested_within(body, self.limits.max_json_depth):
+            if is_api and _is_upload(scope):
+                # A file: not buffered here, bounded as it streams to its route's parser.
+                limit = self.limits.max_upload_bytes
+                if _declared_length(headers) > limit:
+                    raise BodyTooLarge(limit)
+                streamed = True
+            else:
+                body = await self._body(headers, receive)
+                if body is None:
+                    return  # the client left before its body came: nobody to answer
+            if (
+                body is not None
+                and is_api
+                and not is_nested_within(body, self.limits.max_json_depth)
+            ):
                 depth = self.limits.max_json_depth
                 raise InvalidArgument(
                     [FieldViolation("body", f"send JSON nested at most {depth} levels deep")]
@@ -90,6 +115,10 @@ class RequestGuard:
                 error, {"connection": "close"} if close else {}, scope, receive, send
             )
             return
+        if streamed:
+            await self.app(scope, _bounded(receive, self.limits.max_upload_bytes), send)
+            return
+        assert body is not None
         await self.app(scope, _replaying(body, receive), send)
 
     async def _refuse(
@@ -101,9 +130,7 @@ class RequestGuard:
         send: Send,
     ) -> None:
         if isinstance(error, BodyTooLarge):
-            message = f"the request body is over {self.limits.max_body_bytes} bytes"
-            body = error_body(message, "invalid_request_error", "body", "request_too_large")
-            answer = HttpError(413, body, {})
+            answer = too_large(error)
         else:
             route = self._route(scope)
             api_error = as_api_error(route, error)
@@ -119,7 +146,7 @@ class RequestGuard:
         the client disconnects first."""
         limit = self.limits.max_body_bytes
         if _declared_length(headers) > limit:
-            raise BodyTooLarge
+            raise BodyTooLarge(limit)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -129,7 +156,7 @@ class RequestGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise BodyTooLarge
+                raise BodyTooLarge(limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -192,6 +219,25 @@ def _declared_length(headers: Headers) -> int:
     if not (raw.isascii() and raw.isdigit()):
         return 0
     return int(raw) if len(raw) < 20 else 2**63
+
+
+def _is_upload(scope: Scope) -> bool:
+    return scope["method"] == "POST" and scope["path"] == UPLOAD_PATH
+
+
+def _bounded(receive: Receive, limit: int) -> Receive:
+    """`receive`, raising BodyTooLarge once the body it gave is over `limit` bytes."""
+    size = 0
+
+    async def bounded() -> Message:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise BodyTooLarge(limit)
+        return message
+
+    return bounded
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 MiB = 1024 * 1024
+# The largest file `POST /v1/files` keeps (docs/BATCHES.md).
+MAX_FILE_BYTES = 100 * MiB
 # Above the largest valid request: 262144 characters in all, each escaped as `\uXXXX` (6
 # bytes, 12 for a character outside the BMP) is 3 MiB, plus the fields around them.
 DEFAULT_MAX_BODY_BYTES = 4 * MiB
@@ -22,6 +24,8 @@ MAX_JSON_DEPTH = 256
 class HttpLimits:
     # Request bodies, on every route (a `/v1/` route's only after the key is checked).
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # A file upload's body (`POST /v1/files`): the largest file and its form around it.
+    max_upload_bytes: int = MAX_FILE_BYTES + MiB
     max_json_depth: int = 64
     # Connections open at once: in the process, and from one client address.
     max_connections: int = 4096

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,6 +176,14 @@ def param_names(body: _Common) -> dict[str, str]:
         if body.max_completion_tokens is not None:
             names["sampling.max_tokens"] = "max_completion_tokens"
     return names
+
+
+def param_path(loc: Sequence[Any]) -> str:
+    """`messages[0].content` for pydantic's location ("messages", 0, "content")."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
 
 
 def _params(
