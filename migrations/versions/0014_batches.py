@@ -70,7 +70,9 @@ def upgrade() -> None:
         "batches_open",
         "batches",
         ["created_at"],
-        postgresql_where=sa.text("status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"),
+        postgresql_where=sa.text(
+            "status IN ('validating', 'in_progress', 'finalizing', 'cancelling')"
+        ),
     )
     op.create_table(
         "batch_lines",
