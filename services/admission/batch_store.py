@@ -24,6 +24,7 @@ from services.admission.file_store import OPEN_STATUSES, page
 from services.core.db import Database, single_statement
 from services.core.schema import batch_lines, batches, runs
 
+USAGE_NAMES = ("prompt_tokens", "cached_prompt_tokens", "output_tokens")
 # A run that ended without its answer: a line that failed.
 STOPPED_REASONS = ("failed", "cancelled")
 ENDED_STATES = ("completed", "failed", "cancelled", "billed")
@@ -53,13 +54,15 @@ class NewBatch:
 
 @dataclass(frozen=True, slots=True)
 class LineCounts:
+    """A batch's lines so far, and the tokens its runs took."""
+
     submitted: int = 0
     ended: int = 0
     completed: int = 0
     failed: int = 0
-
-    def json(self) -> dict[str, int]:
-        return {"completed": self.completed, "failed": self.failed}
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
 
 
 async def create_batch(db: Database, new: NewBatch) -> RowMapping:
@@ -163,7 +166,7 @@ async def running_runs(db: Database, batch_id: str) -> list[str]:
 
 async def line_counts(db: Database, batch_ids: Collection[str]) -> dict[str, LineCounts]:
     """Each batch's lines: submitted, ended (refused, or their runs ended), and of those
-    completed and failed."""
+    completed and failed; and the tokens of all its runs so far."""
     ended = sa.or_(batch_lines.c.error.is_not(None), runs.c.state.in_(ENDED_STATES))
     stopped = sa.or_(batch_lines.c.error.is_not(None), runs.c.finish_reason.in_(STOPPED_REASONS))
     query = (
@@ -173,6 +176,7 @@ async def line_counts(db: Database, batch_ids: Collection[str]) -> dict[str, Lin
             sa.func.count().filter(ended),
             sa.func.count().filter(sa.and_(ended, sa.not_(stopped))),
             sa.func.count().filter(sa.and_(ended, stopped)),
+            *(_tokens(name) for name in USAGE_NAMES),
         )
         .select_from(batch_lines.outerjoin(runs, runs.c.run_id == batch_lines.c.run_id))
         .where(batch_lines.c.batch_id.in_(list(batch_ids)))
@@ -181,6 +185,11 @@ async def line_counts(db: Database, batch_ids: Collection[str]) -> dict[str, Lin
     async with single_statement(db) as conn:
         rows = (await conn.execute(query)).all()
     return {row[0]: LineCounts(*row[1:]) for row in rows}
+
+
+def _tokens(name: str) -> sa.ColumnElement[int]:
+    counted = sa.cast(runs.c.usage[name].astext, sa.BigInteger)
+    return sa.func.coalesce(sa.func.sum(counted), 0)
 
 
 async def finish(

@@ -11,6 +11,9 @@ from __future__ import annotations
 import io
 import json
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,3 +257,21 @@ def test_a_batch_outlives_its_worker_and_driver_killed_midway(
     assert all(row[1] == "batch" and row[2] == 1 for row in billed), billed
     assert all(row[3] > 0 for row in billed if row[0] in run_ids)
     assert tollgate(["reconcile", "--database-url", stack.database_url]) == 0
+
+
+def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) -> None:
+    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text()
+    block = design.split("<!-- batch-snippet -->", 1)[1].split("```", 2)[1]
+    snippet = textwrap.dedent(block.split("\n", 1)[1]).replace("smollm2-135m-instruct", "tiny")
+    (tmp_path / ".tollgate" / "stack").mkdir(parents=True)
+    stack_file = {"http": stack.http, "api_key": stack.tenant_key("batches-doc")}
+    (tmp_path / ".tollgate" / "stack" / "stack.json").write_text(json.dumps(stack_file))
+    pasted = subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pasted.returncode == 0, pasted.stderr
+    assert pasted.stdout.startswith("completed"), pasted.stdout
+    assert [line.split()[0] for line in pasted.stdout.splitlines()[1:]] == [
+        f"colour-{i}" for i in range(3)
+    ]

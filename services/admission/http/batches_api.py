@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from services.admission.batch_store import LineCounts
 from services.admission.http.limits import MiB
 from services.admission.http.requests import (
     ChatCompletionRequest,
@@ -124,16 +125,19 @@ def line_key(batch_id: str, custom_id: str) -> str:
 @dataclass
 class InputCheck:
     """Checks a batch input file's lines as its bytes arrive (`feed`, then `finish`),
-    keeping what a batch needs to know of it: its lines, the endpoints they name, and
-    every violation (`line N: ...`)."""
+    keeping what a batch needs to know of it: its requests (`lines`: the lines that are
+    not blank), the endpoints they name, and every violation (`line N: ...`)."""
 
     limits: Limits
     models: Collection[str]
+    max_lines: int = MAX_LINES
     lines: int = 0
     endpoints: set[str] = field(default_factory=set)
     violations: list[FieldViolation] = field(default_factory=list)
     _custom_ids: set[str] = field(default_factory=set)
     _partial: bytes = b""
+    # Lines read, blank ones too: a violation names the line as an editor numbers it.
+    _read: int = 0
 
     def feed(self, chunk: bytes) -> None:
         *whole, self._partial = (self._partial + chunk).split(b"\n")
@@ -148,13 +152,15 @@ class InputCheck:
             self.violations.append(FieldViolation("file", "holds no requests"))
 
     def _line(self, raw: bytes) -> None:
+        self._read += 1
         if not raw.strip():
             return  # blank lines, and a final newline, are not requests
         self.lines += 1
-        where = f"line {self.lines}"
-        if self.lines > MAX_LINES:
-            if self.lines == MAX_LINES + 1:
-                self.violations.append(FieldViolation("file", f"more than {MAX_LINES} lines"))
+        where = f"line {self._read}"
+        if self.lines > self.max_lines:
+            if self.lines == self.max_lines + 1:
+                why = f"holds more than {self.max_lines} requests"
+                self.violations.append(FieldViolation("file", why))
             return
         try:
             line = parse_line(raw, self.lines)
@@ -218,8 +224,9 @@ def file_object(row: Mapping[Any, Any]) -> dict[str, Any]:
     }
 
 
-def batch_object(row: Mapping[Any, Any], counts: Mapping[str, int]) -> dict[str, Any]:
-    """OpenAI's batch object for a `batches` row and its lines' `request_counts`."""
+def batch_object(row: Mapping[Any, Any], counts: LineCounts | None) -> dict[str, Any]:
+    """OpenAI's batch object for a `batches` row, with its lines' counts and tokens."""
+    counts = counts or LineCounts()
     moments = (
         "created_at",
         "in_progress_at",
@@ -245,8 +252,15 @@ def batch_object(row: Mapping[Any, Any], counts: Mapping[str, int]) -> dict[str,
         **{moment: _seconds(row[moment]) for moment in moments},
         "request_counts": {
             "total": row["total"],
-            "completed": counts.get("completed", 0),
-            "failed": counts.get("failed", 0),
+            "completed": counts.completed,
+            "failed": counts.failed,
+        },
+        "usage": {
+            "input_tokens": counts.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": counts.cached_prompt_tokens},
+            "output_tokens": counts.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts.prompt_tokens + counts.output_tokens,
         },
         "metadata": row["metadata"],
     }

@@ -177,7 +177,7 @@ class BatchesApi:
         )
         row = await create_batch(self.db, new)
         await self._wake()
-        return batch_object(row, {})
+        return batch_object(row, None)
 
     async def batches(
         self,
@@ -189,13 +189,13 @@ class BatchesApi:
         tenant_id = await self._tenant(request)
         rows, more = await list_batches(self.db, tenant_id, after, limit)
         counts = await line_counts(self.db, [row["batch_id"] for row in rows])
-        data = [batch_object(row, _counts(counts, row["batch_id"])) for row in rows]
+        data = [batch_object(row, counts.get(row["batch_id"])) for row in rows]
         return list_object(data, more)
 
     async def batch(self, batch_id: str, request: Request, credentials: Credentials) -> Any:
         row = await self._batch(request, batch_id)
         counts = await line_counts(self.db, [batch_id])
-        return batch_object(row, _counts(counts, batch_id))
+        return batch_object(row, counts.get(batch_id))
 
     async def cancel(self, batch_id: str, request: Request, credentials: Credentials) -> Any:
         """Cancels the batch unless it ended; its runs are cancelled, and what they
@@ -206,7 +206,7 @@ class BatchesApi:
             await self._wake()
         counts = await line_counts(self.db, [batch_id])
         current = moved or await self._batch(request, row["batch_id"])
-        return batch_object(current, _counts(counts, batch_id))
+        return batch_object(current, counts.get(batch_id))
 
     async def _tenant(self, request: Request) -> str:
         principal: Principal = await self.principal_of(request)
@@ -228,8 +228,3 @@ class BatchesApi:
     async def _wake(self) -> None:
         async with self.db.begin() as conn:
             await notify_driver(conn)
-
-
-def _counts(counts: Any, batch_id: str) -> dict[str, int]:
-    found = counts.get(batch_id)
-    return found.json() if found is not None else {}
