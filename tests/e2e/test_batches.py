@@ -275,3 +275,52 @@ def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) 
     assert [line.split()[0] for line in pasted.stdout.splitlines()[1:]] == [
         f"colour-{i}" for i in range(3)
     ]
+
+
+def test_a_batch_waits_out_its_tenants_quota(stack: Stack) -> None:
+    tenant = stack.admin.create_tenant(f"batches-quota-{time.monotonic_ns()}")
+    key = stack.admin.create_api_key(tenant.tenant_id).secret
+    stack.admin.set_quota(tenant.tenant_id, max_concurrent_runs=2)
+    sdk = openai.OpenAI(base_url=f"{stack.http}/v1", api_key=key, max_retries=0)
+    lines = [chat_line(f"q-{i}", f"Say {i}", max_tokens=16, ignore_eos=True) for i in range(12)]
+    batch = sdk.batches.create(
+        input_file_id=upload(sdk, lines).id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    ended = wait_ended(sdk, batch.id)
+    assert ended.status == "completed", ended
+    assert ended.request_counts is not None and ended.request_counts.completed == 12
+    assert ended.usage is not None and ended.usage.output_tokens == 12 * 16
+
+
+def test_a_batch_past_its_window_expires_keeping_what_finished(stack: Stack) -> None:
+    sdk = openai.OpenAI(
+        base_url=f"{stack.http}/v1", api_key=stack.tenant_key("batches-expiry"), max_retries=0
+    )
+    lines = [chat_line(f"e-{i}", f"Tale {i}", max_tokens=200, ignore_eos=True) for i in range(6)]
+    lines += [chat_line(f"e-short-{i}", "Hi", max_tokens=2) for i in range(2)]
+    batch = sdk.batches.create(
+        input_file_id=upload(sdk, lines).id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    while sdk.batches.retrieve(batch.id).status == "validating":
+        time.sleep(0.05)
+    # Its window ends now: as if a day had passed.
+    engine = sa.create_engine(stack.database_url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE batches SET expires_at = now() WHERE batch_id = :b"), {"b": batch.id}
+        )
+        conn.execute(sa.text("NOTIFY tollgate_batches"))
+    engine.dispose()
+    ended = wait_ended(sdk, batch.id)
+    assert ended.status == "expired" and ended.expired_at is not None, ended
+    output = lines_of(sdk, ended.output_file_id)
+    errors = lines_of(sdk, ended.error_file_id)
+    assert sorted(line["custom_id"] for line in [*output, *errors]) == sorted(
+        line["custom_id"] for line in lines
+    )
+    assert errors and all(line["error"]["code"] == "batch_expired" for line in errors)
+    assert ended.request_counts is not None and ended.request_counts.completed == len(output)
