@@ -22,8 +22,11 @@ rate with nothing else; the throughput ceiling it sets is given as ratios to the
 baselines.
 
 On a model with a GGUF file of its own (SmolLM2), and with llama-cpp-python installed
-(`pip install -e '.[bench]'`), the engine in fp32 and int8 also runs beside llama.cpp
-(bench/llama_cpp.py) on the F32, Q8_0 and shipped Q4_1 files, the same threads: the
+(`pip install -e '.[bench]'`), the engine in fp32 and int8 also runs beside our own loop
+over llama.cpp's C API (bench/llama_cpp.py), a profiling aid rather than a baseline: it
+is not the server llama.cpp's users run, which `python -m bench.stack --anchor
+llama-server` measures against the whole stack. It runs on the F32, Q8_0 and shipped
+Q4_1 files, the same threads: the
 decode tokens/s of one stream (a 64-token prompt, 128 tokens, best of 3), and the random
 workload with all requests at once (llama.cpp continuously batching `--llama-parallel`
 sequences, as llama-server does). Table on stdout, progress on stderr, and the last line
@@ -220,7 +223,8 @@ def anchor_ratios(rows: Rows) -> dict[str, float | None]:
 
 def print_anchor(rows: Rows, parallel: int) -> None:
     print(f"{'system':<20} {'1 stream decode tok/s':>22} {'random workload tok/s':>22} "
-          f"{'TTFT p50':>9}   (llama.cpp: {parallel} parallel sequences)")  # fmt: skip
+          f"{'TTFT p50':>9}   (llama.cpp's C API in our loop, {parallel} parallel sequences;"
+          " not llama-server: see bench.stack --anchor llama-server)")  # fmt: skip
     for system, row in rows.items():
         assert row is not None
         print(

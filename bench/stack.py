@@ -5,6 +5,7 @@
     python -m bench.stack --telemetry [...]    # metrics and OTLP tracing on against off
     python -m bench.stack --engine-kind llama-server [...]  # the stack against llama-server alone
     python -m bench.stack --engine-kind sim [--sim-rates 1000,5000,20000]  # CPU per run at rates
+    python -m bench.stack --anchor llama-server [--busy]  # the stack against llama-server alone
 
 Takes the real model where it is cached, or a random Llama (bench/models.py; `--model
 tiny` is a 4-layer model whose steps cost little more than the engine's Python, so the
@@ -47,6 +48,13 @@ from typing import Any
 from bench.models import REAL_MODEL, SYNTHETIC, add_model_option, model_name
 from bench.models import model_dir as bench_model_dir
 from bench.report import counts, progress
+from bench.stack_anchor import (
+    LEVELS,
+    MAX_TOKENS,
+    QUICK_LEVELS,
+    QUICK_MAX_TOKENS,
+    bench_anchor,
+)
 from bench.stack_engines import bench_llama_server, bench_sim
 from bench.stack_http import report_fronts, run_fronts
 from bench.stack_report import IDLE_SECONDS, Targets, check_tokens, idle_cpu, report, summary
@@ -194,6 +202,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         " engine: the services' CPU at --sim-rates)",
     )
     parser.add_argument(
+        "--anchor",
+        choices=("llama-server",),
+        help="the whole stack on its built-in engine against llama-server alone, the same"
+        " HTTP client and workload on both (bench.stack_anchor)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("int8", "fp32", "both"),
+        default="both",
+        help="--anchor: int8 against Q8_0, fp32 against F32, or both (default)",
+    )
+    parser.add_argument(
+        "--requests", type=int, help="--anchor: requests at each concurrency (48; 8 quick)"
+    )
+    parser.add_argument(
+        "--busy", action="store_true", help="--anchor: each side again with a busy loop beside"
+    )
+    parser.add_argument(
+        "--reference", action="store_true", help="--anchor: llama-server on Q4_1 too"
+    )
+    parser.add_argument(
         "--sim-rates",
         type=counts,
         help="--engine-kind sim: output tokens/s the simulated engine gives, one run each"
@@ -229,7 +258,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error("--sim-rates and --sim-step-ms must be positive")
     elif args.sim_rates:
         parser.error("--sim-rates needs --engine-kind sim")
-    if args.engine_kind == "llama-server":
+    if args.anchor:
+        if not builtin or args.front == "http" or args.telemetry:
+            parser.error("--anchor runs the built-in engine, over HTTP, on its own")
+        if args.model not in (None, REAL_MODEL):
+            parser.error(f"--anchor runs {REAL_MODEL} (its GGUF)")
+        args.precisions = ("int8", "fp32") if args.precision == "both" else (args.precision,)
+        default_concurrencies = list(QUICK_LEVELS if args.quick else LEVELS)
+        args.max_tokens = args.max_tokens or (QUICK_MAX_TOKENS if args.quick else MAX_TOKENS)
+    elif args.engine_kind == "llama-server":
         default_concurrencies = [1, 4] if args.quick else [1, 16]
     else:
         default_concurrencies = [8 if args.quick else 16]
@@ -250,7 +287,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> int:
-    return run_stack_bench(bench, parse_args(), "stack")
+    args = parse_args()
+    if args.anchor:
+        return run_stack_bench(bench_anchor, args, "anchor")
+    return run_stack_bench(bench, args, "stack")
 
 
 if __name__ == "__main__":

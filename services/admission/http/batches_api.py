@@ -21,7 +21,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from services.admission.batch_store import LineCounts
-from services.admission.http.limits import MiB
+from services.admission.http.guard import is_nested_within
+from services.admission.http.limits import DEFAULT_LIMITS, DEFAULT_MAX_BODY_BYTES, MiB
 from services.admission.http.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -43,6 +44,8 @@ from services.core.validation import shown
 # What one input file may hold besides its bytes (`MAX_FILE_BYTES`), in docs/BATCHES.md.
 MAX_LINES = 50_000
 MAX_CUSTOM_ID = 512
+# A line is a request's body: bounded as one sent alone is.
+MAX_LINE_BYTES = DEFAULT_MAX_BODY_BYTES
 # A file's bytes are kept in chunks of this size (`file_chunks`).
 CHUNK_BYTES = MiB
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
@@ -131,6 +134,7 @@ class InputCheck:
     limits: Limits
     models: Collection[str]
     max_lines: int = MAX_LINES
+    max_depth: int = DEFAULT_LIMITS.max_json_depth
     lines: int = 0
     endpoints: set[str] = field(default_factory=set)
     violations: list[FieldViolation] = field(default_factory=list)
@@ -138,11 +142,17 @@ class InputCheck:
     _partial: bytes = b""
     # Lines read, blank ones too: a violation names the line as an editor numbers it.
     _read: int = 0
+    # Within a line refused for its length: what follows, to its end, is dropped.
+    _skipping: bool = False
 
     def feed(self, chunk: bytes) -> None:
-        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        *whole, partial = (self._partial + chunk).split(b"\n")
         for raw in whole:
             self._line(raw)
+        if len(partial) > MAX_LINE_BYTES and not self._skipping:
+            self._line(partial)  # refused for its length, not held whole
+            self._skipping = True
+        self._partial = b"" if self._skipping else partial
 
     def finish(self) -> None:
         if self._partial.strip():
@@ -152,11 +162,25 @@ class InputCheck:
             self.violations.append(FieldViolation("file", "holds no requests"))
 
     def _line(self, raw: bytes) -> None:
+        if self._skipping:
+            self._skipping = False
+            return  # the rest of a line refused for its length
         self._read += 1
         if not raw.strip():
             return  # blank lines, and a final newline, are not requests
         self.lines += 1
         where = f"line {self._read}"
+        if len(raw) > MAX_LINE_BYTES:
+            why = f"line: longer than {MAX_LINE_BYTES} bytes"
+            self.violations.append(FieldViolation(where, why))
+            return
+        if not is_nested_within(raw, self.max_depth):
+            # Not JSON at all (brackets that do not pair up), or JSON nested too deep.
+            why = f"line: JSON nested more than {self.max_depth} levels deep"
+            if not _is_json(raw):
+                why = "line: is not JSON"
+            self.violations.append(FieldViolation(where, why))
+            return
         if self.lines > self.max_lines:
             if self.lines == self.max_lines + 1:
                 why = f"holds more than {self.max_lines} requests"
@@ -182,6 +206,14 @@ class InputCheck:
                 FieldViolation(where, f"body.{param_path(issue['loc'])}: {issue['msg']}")
                 for issue in error.errors()
             ]
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def parse_line(raw: bytes, number: int) -> BatchLine:

@@ -47,7 +47,7 @@ from services.admission.http.guard import BodyTooLarge, Credentials
 from services.admission.http.limits import MAX_FILE_BYTES
 from services.core.auth import Principal
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
-from services.core.validation import shown
+from services.core.validation import shown, text_violation
 
 MAX_FILENAME = 255
 
@@ -92,7 +92,10 @@ class BatchesApi:
         if purpose != "batch":
             why = "must be batch (the only purpose a file may be uploaded for here)"
             raise InvalidArgument([FieldViolation("purpose", why)])
-        filename = (file.filename or "upload.jsonl")[:MAX_FILENAME]
+        filename = file.filename or "upload.jsonl"
+        bad_name = text_violation("file.filename", filename, MAX_FILENAME)
+        if bad_name is not None:
+            raise InvalidArgument([bad_name])
         models = self.gateway.catalog.usable_by(await self.principal_of(request))
         check = InputCheck(self.gateway.config.limits, [m.name for m in models])
         new = NewFile(tenant_id, purpose, filename).with_id()

@@ -20,6 +20,7 @@ from services.admission.http.answers import (
     stopped_line,
 )
 from services.admission.http.batches_api import (
+    MAX_LINE_BYTES,
     BatchLine,
     InputCheck,
     batch_object,
@@ -102,6 +103,18 @@ def test_a_bad_line_is_numbered_as_an_editor_numbers_it() -> None:
     data = b"\n" + jsonl(chat("a")) + b"  \n" + jsonl(chat("b", max_tokens=0))
     [bad] = checked(data).violations
     assert bad.field == "line 4"
+
+
+def test_a_line_too_long_or_too_deep_is_refused_without_being_held() -> None:
+    deep = {"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": {}}
+    nested: Any = "x"
+    for _ in range(100):
+        nested = [nested]
+    deep["body"] = {"model": "m", "prompt": "p", "logit_bias": {"1": nested}}
+    data = jsonl(chat("a")) + b"x" * (MAX_LINE_BYTES + 10) + b"\n" + jsonl(deep, chat("b"))
+    check = checked(data, cut=1 << 20)
+    assert [v.field for v in check.violations] == ["line 2", "line 3"]
+    assert check.lines == 4 and len(check._partial) == 0
 
 
 def test_an_empty_file_and_one_of_too_many_lines_are_refused() -> None:
