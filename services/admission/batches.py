@@ -162,6 +162,19 @@ class BatchDriver:
         lines = self._cursors.get(batch_id)
         if lines is None:
             lines = self._cursors[batch_id] = _numbered(read_lines(self.db, row["input_file_id"]))
+        try:
+            await self._submit_from(row, lines, submitted, running)
+        except BaseException:
+            # The line it stopped at may be started and not recorded: the next step reads
+            # the file from the start, after the lines recorded, and starts that one again
+            # (its idempotency key finds its run).
+            self._cursors.pop(batch_id, None)
+            raise
+
+    async def _submit_from(
+        self, row: RowMapping, lines: AsyncIterator[tuple[int, bytes]], submitted: int, running: int
+    ) -> None:
+        batch_id = row["batch_id"]
         while running < self.in_flight:
             try:
                 number, raw = await anext(lines)
