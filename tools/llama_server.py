@@ -25,6 +25,12 @@ from pathlib import Path
 from engine.user_cache import user_cache
 
 SDIST = "llama-cpp-python==0.3.36"
+# Built without ggml's AMX kernels: where the CPU has AMX but the system grants a process
+# no AMX tile state, they crash at the first decode (SIGSEGV in ggml_backend_amx_mul_mat).
+# GCC keeps an explicit -mno-* over what -march=native implies; the AVX-512 kernels, and
+# the weight repacking they use, stay.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+BUILD = "no-amx"
 VARIABLE = "TOLLGATE_LLAMA_SERVER"
 
 
@@ -35,7 +41,7 @@ def binary_path() -> Path:
         return Path(configured)
     return (
         user_cache("llama-server", "TOLLGATE_LLAMA_SERVER_DIR")
-        / SDIST.replace("==", "-")
+        / f"{SDIST.replace('==', '-')}-{BUILD}"
         / "llama-server"
     )
 
@@ -70,7 +76,8 @@ def build(jobs: int | None = None) -> Path:
         subprocess.run(
             ["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja",
              "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF",
-             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
+             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+             f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
             check=True,
         )  # fmt: skip
         command = ["cmake", "--build", str(build_dir), "--target", "llama-server"]
