@@ -46,8 +46,9 @@ async def test_kafka_events_drive_intake_and_end_assignments_between_rescans(
     await wait_for(lambda: worker.assignment(first), timeout=10)
     # Counted once the worker's answer is back, which may be a moment after it has the run.
     await wait_for(
-        lambda: _sample("tollgate_scheduler_dispatches_total", outcome="assigned")
-        == dispatched + 1,
+        lambda: (
+            _sample("tollgate_scheduler_dispatches_total", outcome="assigned") == dispatched + 1
+        ),
         timeout=10,
     )
     assert _total("tollgate_request_queue_time_seconds_count") == waited + 1
