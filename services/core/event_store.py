@@ -261,7 +261,7 @@ async def _insert_events(
 ) -> list[StoredEvent]:
     """Inserts the events of `appends` and writes the projection rows of `updated`; the
     appended events, in the order of `appends` and then of seq."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"run_id": view.run_id, "seq": append.expected_seq + n, "kind": event.kind,
          "tenant_id": view.tenant_id, "payload": event.payload,
          "traceparent": append.traceparent}
