@@ -22,6 +22,7 @@ from services.core import server as core_server
 from services.core.config import CommonSettings, env_float, env_int, env_map
 from services.core.db import Database, open_db
 from services.core.event_store import EventStore
+from services.core.idle import IdleFetch
 from services.core.internal import server_interceptors
 from services.core.leadership import Leadership
 from services.core.loop import within
@@ -124,6 +125,7 @@ class SchedulerApp:
             on_ended=self.state.forget,
             topic=settings.common.topic,
             session_timeout_ms=settings.kafka_session_timeout_ms,
+            idle=IdleFetch(db),
         )
         self.relay = OutboxRelay.from_settings(db, settings.common)
         self.leadership = Leadership(
