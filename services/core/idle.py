@@ -22,7 +22,7 @@ import psycopg
 import structlog
 from psycopg.conninfo import make_conninfo
 
-from services.core.db import EVENTS_CHANNEL, KEEPALIVES, Database, libpq_url
+from services.core.db import EVENTS_CHANNEL, KEEPALIVES, Database, Listener, libpq_url
 from services.core.kafka import EventConsumer
 
 log = structlog.get_logger(__name__)
@@ -90,7 +90,7 @@ class IdleFetch:
 
     async def _listen(self) -> None:
         if self._conn is None:
-            self._conn = await psycopg.AsyncConnection.connect(
+            self._conn = await Listener.connect(
                 self.conninfo, autocommit=True, application_name="tollgate-idle-fetch"
             )
         await self._conn.execute(f"LISTEN {EVENTS_CHANNEL}")
