@@ -53,6 +53,15 @@ class IdleFetch:
         self._listening = False
         # Set while the consumer is paused.
         self.asleep = asyncio.Event()
+        # Spells of sleep so far, and whether one lasts (across its timed wake-ups).
+        self._spells = 0
+        self._in_spell = False
+
+    @property
+    def quiet_spell(self) -> int | None:
+        """Names the spell of sleep going on (None while the consumer reads): nothing has
+        been appended since it began, or its notice would have ended it."""
+        return self._spells if self._in_spell else None
 
     async def after_poll(self, consumer: EventConsumer) -> None:
         """Returns at once while records come; once the consumer has been idle, when the
@@ -61,6 +70,7 @@ class IdleFetch:
         try:
             if read:
                 self._quiet_since = time.monotonic()
+                self._in_spell = False
                 await self._unlisten()
             elif time.monotonic() - self._quiet_since < self.idle_after:
                 return
@@ -72,10 +82,13 @@ class IdleFetch:
             # Fetch as usual meanwhile; the next idle spell connects again.
             log.warning("idle listener lost", error=repr(error))
             self._quiet_since = time.monotonic()
+            self._in_spell = False
             await self.aclose()
 
     async def _sleep(self, consumer: EventConsumer) -> None:
         assert self._conn is not None
+        if not self._in_spell:
+            self._spells, self._in_spell = self._spells + 1, True
         consumer.pause()
         self.asleep.set()
         try:
@@ -86,6 +99,7 @@ class IdleFetch:
             consumer.resume()
         if woken:
             self._quiet_since = time.monotonic()
+            self._in_spell = False
             await self._unlisten()
 
     async def _listen(self) -> None:
@@ -106,6 +120,7 @@ class IdleFetch:
             pass
 
     async def aclose(self) -> None:
+        self._in_spell = False
         conn, self._conn, self._listening = self._conn, None, False
         if conn is not None:
             await conn.close()
