@@ -7,6 +7,12 @@ stream lasts and expired at once when its last stream of the run ends. A replica
 dies stops renewing, so its runs are abandoned a lease later. Every replica sweeps for
 abandoned runs; a run cancelled twice is cancelled once (the event store's optimistic
 concurrency settles it).
+
+A sweep also finds when the next run can be abandoned, as the rows stand, and the next
+one waits until then: at most a lease (a row written meanwhile expires a lease after it
+is written, at the soonest), at least `sweep_interval`, and no longer than that once a
+stream of this replica ends (its run's grace starts then). An idle replica thus reads
+the table once a lease, not twice a second.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.db import Database, driver_cursor, single_statement
 from services.core.errors import DATABASE_AWAY
-from services.core.loop import stop_if_cancelled
+from services.core.loop import stop_if_cancelled, wait_set
 
 log = structlog.get_logger(__name__)
 
@@ -46,15 +52,22 @@ _EXPIRE = """
     UPDATE run_attachments SET expires_at = least(expires_at, clock_timestamp())
     WHERE replica_id = %s AND run_id = %s
 """
-_ABANDONED = """
-    SELECT a.run_id FROM run_attachments a JOIN runs r ON r.run_id = a.run_id
-    WHERE r.state IN ('queued', 'prefill', 'streaming')
-    GROUP BY a.run_id
-    HAVING max(a.expires_at + make_interval(secs => a.grace_seconds)) < clock_timestamp()
-"""
-_FORGET_ENDED = """
-    DELETE FROM run_attachments a USING runs r
-    WHERE r.run_id = a.run_id AND r.state NOT IN ('queued', 'prefill', 'streaming')
+# The runs abandoned now, and the seconds until the next can be; rows of ended runs go.
+_SWEEP = """
+    WITH forgotten AS (
+        DELETE FROM run_attachments a USING runs r
+        WHERE r.run_id = a.run_id AND r.state NOT IN ('queued', 'prefill', 'streaming')
+    ), live AS (
+        SELECT a.run_id, extract(epoch FROM max(
+            a.expires_at + make_interval(secs => a.grace_seconds)) - clock_timestamp()
+        ) AS seconds_left
+        FROM run_attachments a JOIN runs r ON r.run_id = a.run_id
+        WHERE r.state IN ('queued', 'prefill', 'streaming')
+        GROUP BY a.run_id
+    )
+    SELECT coalesce(array_agg(run_id) FILTER (WHERE seconds_left < 0), '{}') AS abandoned,
+           min(seconds_left) FILTER (WHERE seconds_left >= 0)::float8 AS next_in
+    FROM live
 """
 
 
@@ -90,6 +103,8 @@ class Attachments:
         self.sweep_interval = sweep_interval
         self._streams: Counter[str] = Counter()
         self._expiring: set[asyncio.Task[None]] = set()
+        # Set when a stream of this replica ends: its run may be abandoned a grace later.
+        self._detached = asyncio.Event()
 
     @contextlib.asynccontextmanager
     async def attached(self, run_id: str, *, leased: bool = False) -> AsyncIterator[None]:
@@ -120,6 +135,7 @@ class Attachments:
         with contextlib.suppress(*DATABASE_AWAY):  # the lease then runs out by itself
             async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
                 await cursor.execute(_EXPIRE, (self.replica_id, run_id))
+        self._detached.set()
 
     async def run(self, on_abandoned: Callable[[str], Awaitable[None]]) -> None:
         """Renews this replica's leases and sweeps for abandoned runs until cancelled;
@@ -131,32 +147,40 @@ class Attachments:
     async def _renew_leases(self) -> None:
         while True:
             stop_if_cancelled()
-            try:
-                await self._renew()
-            except DATABASE_AWAY as error:
-                log.warning("attachments unavailable", error=type(error).__name__)
+            if self._streams:
+                try:
+                    await self._renew()
+                except DATABASE_AWAY as error:
+                    log.warning("attachments unavailable", error=type(error).__name__)
             await asyncio.sleep(self.renew_interval)
 
     async def _sweep(self, on_abandoned: Callable[[str], Awaitable[None]]) -> None:
         while True:
             stop_if_cancelled()
+            self._detached.clear()
+            wait = self.lease
             try:
-                for run_id in await self._abandoned():
+                abandoned, next_in = await self._abandoned()
+                for run_id in abandoned:
                     await on_abandoned(run_id)
+                if next_in is not None:
+                    wait = min(wait, next_in)
             except DATABASE_AWAY as error:
                 log.warning("abandoned runs not swept", error=type(error).__name__)
             await asyncio.sleep(self.sweep_interval)
+            await wait_set(self._detached, wait - self.sweep_interval)
 
     async def aclose(self) -> None:
         await asyncio.gather(*self._expiring, return_exceptions=True)
 
     async def _renew(self) -> None:
-        async with self.db.begin() as conn, driver_cursor(conn) as cursor:
-            if self._streams:
-                await cursor.execute(_RENEW, (self.lease, self.replica_id, list(self._streams)))
-            await cursor.execute(_FORGET_ENDED)
-
-    async def _abandoned(self) -> list[str]:
         async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
-            await cursor.execute(_ABANDONED)
-            return [row["run_id"] for row in await cursor.fetchall()]
+            await cursor.execute(_RENEW, (self.lease, self.replica_id, list(self._streams)))
+
+    async def _abandoned(self) -> tuple[list[str], float | None]:
+        """The runs abandoned now, and the seconds until the next can be (None: none)."""
+        async with single_statement(self.db) as conn, driver_cursor(conn) as cursor:
+            await cursor.execute(_SWEEP)
+            row = await cursor.fetchone()
+        assert row is not None
+        return list(row["abandoned"]), row["next_in"]

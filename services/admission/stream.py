@@ -20,11 +20,10 @@ import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 
-import psycopg
 import structlog
 from psycopg.conninfo import make_conninfo
 
-from services.core.db import EVENTS_CHANNEL, KEEPALIVES, libpq_url
+from services.core.db import EVENTS_CHANNEL, KEEPALIVES, Listener, libpq_url
 from services.core.event_store import EventStore, parse_notice
 from services.core.loop import within
 from services.core.runs import RunState, StoredEvent
@@ -59,9 +58,7 @@ class RunFeed:
         """Listens until cancelled, reconnecting after database trouble."""
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True
-                ) as conn:
+                async with await Listener.connect(self.conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                     self.listening.set()
                     self._send_all(None)  # whatever committed while nobody listened

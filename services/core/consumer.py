@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import Database, driver_cursor
+from services.core.idle import IdleFetch
 from services.core.kafka import EventConsumer
 from services.core.runs import RunState, StoredEvent
 
@@ -58,6 +59,7 @@ class TrackingConsumer:
         session_timeout_ms: int = 10_000,
         fetch_max_wait_ms: int = 50,
         commit_interval: float = 1.0,
+        idle: IdleFetch | None = None,
     ) -> None:
         self.db = db
         self.group_id = group_id
@@ -75,9 +77,18 @@ class TrackingConsumer:
             fetch_max_wait_ms=fetch_max_wait_ms,
         )
         self.started = asyncio.Event()
+        # Pauses the consumer while no run event comes (services/core/idle.py).
+        self.idle = idle
 
     async def run(self) -> None:
         """Consumes until cancelled."""
+        try:
+            await self._consume()
+        finally:
+            if self.idle is not None:
+                await self.idle.aclose()
+
+    async def _consume(self) -> None:
         async with self.events as consumer:
             self.started.set()
             last_commit = time.monotonic()
@@ -91,6 +102,8 @@ class TrackingConsumer:
                 ):
                     await self.commit_offsets(consumer)
                     last_commit = time.monotonic()
+                if self.idle is not None:
+                    await self.idle.after_poll(consumer)
 
     async def apply(self, events: Sequence[StoredEvent]) -> int:
         """Applies a batch in one transaction; returns how many events were new."""

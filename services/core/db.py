@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg
 from psycopg import AsyncCursor
+from psycopg.abc import PQGen
 from psycopg.rows import dict_row
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+RV = TypeVar("RV")
 
 # Notified in the transaction that appends events; delivered when it commits.
 EVENTS_CHANNEL = "tollgate_run_events"
@@ -24,6 +28,22 @@ KEEPALIVES = {
     "keepalives_interval": 10,
     "keepalives_count": 3,
 }
+
+# How often a coroutine waiting on a `Listener` wakes to look at its socket again, though
+# nothing came: psycopg's default, 0.1 s, is for a blocking wait's Ctrl-C, which asyncio
+# needs no wake-up for (data, a timeout or a cancellation end the wait at once).
+LISTENER_WAKE_S = 5.0
+
+
+class Listener(psycopg.AsyncConnection[Any]):
+    """A connection that waits long on the server (a LISTEN, a lock) and costs nothing
+    meanwhile. Open it with `Listener.connect` as any psycopg connection."""
+
+    async def wait(
+        self, gen: PQGen[RV], interval: float = LISTENER_WAKE_S, timeout: float | None = None
+    ) -> RV:
+        return await super().wait(gen, interval=max(interval, LISTENER_WAKE_S), timeout=timeout)
+
 
 # SQLAlchemy names its pool an engine; here the engine is the model's.
 Database = AsyncEngine

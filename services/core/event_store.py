@@ -209,14 +209,20 @@ def _projection(view: RunView) -> dict[str, Any]:
 NOTICE_MAX_BYTES = 7999
 
 # One round trip for any number of events of any number of runs: the events, their
-# outbox rows and one notice per run (identical for each of its rows, so sent once); and
-# with `_UPDATE_RUNS` ahead of them, the projection rows of the runs that existed.
+# outbox rows and one notice per run; and with `_UPDATE_RUNS` ahead of them, the
+# projection rows of the runs that existed. Only what the caller does not hold comes
+# back: each event's `created_at`.
+#
+# The payloads travel inside the one JSON document of the rows, encoded once. PostgreSQL
+# unescapes every string of a document it takes apart, and U+0000 (which generated text
+# may hold) does not survive that: a document with one carries each payload as a JSON
+# string instead, which is stored as it was escaped (`_ESCAPED`).
 _EVENTS = """
     ev AS (
         INSERT INTO run_events (run_id, seq, kind, tenant_id, payload, traceparent)
         SELECT t.run_id, t.seq, t.kind, t.tenant_id, t.payload::json, t.traceparent
         FROM json_to_recordset(%(rows)s::json)
-             AS t(run_id text, seq bigint, kind text, tenant_id text, payload text,
+             AS t(run_id text, seq bigint, kind text, tenant_id text, payload {payload_type},
                   traceparent text)
         RETURNING run_id, seq, kind, tenant_id, payload, traceparent, created_at
     ), ob AS (
@@ -230,15 +236,22 @@ _EVENTS = """
             ) ORDER BY seq)
         )::text AS text
         FROM ev GROUP BY run_id, tenant_id, traceparent
+    ), notified AS (
+        SELECT run_id, pg_notify(
+            %(channel)s,
+            CASE WHEN octet_length(text) <= %(notice_max)s THEN text ELSE run_id END
+        ) FROM notice
     )
-    SELECT ev.*, pg_notify(
-        %(channel)s,
-        CASE WHEN octet_length(notice.text) <= %(notice_max)s THEN notice.text ELSE ev.run_id END
-    ) AS notified
-    FROM ev JOIN notice USING (run_id)
+    SELECT ev.run_id, ev.seq, ev.created_at FROM ev JOIN notified USING (run_id)
 """
-_INSERT_EVENTS = "WITH " + _EVENTS
-_UPDATE_RUNS_AND_INSERT_EVENTS = f"WITH updated AS ({_UPDATE_RUNS}), {_EVENTS}"
+_ESCAPED = "\\u0000"
+# By (whether runs existed, whether the payloads are escaped): the statement.
+_STATEMENTS = {
+    (updated, escaped): (f"WITH updated AS ({_UPDATE_RUNS}), " if updated else "WITH ")
+    + _EVENTS.replace("{payload_type}", "text" if escaped else "json")
+    for updated in (False, True)
+    for escaped in (False, True)
+}
 
 
 async def _insert_events(
@@ -248,26 +261,35 @@ async def _insert_events(
 ) -> list[StoredEvent]:
     """Inserts the events of `appends` and writes the projection rows of `updated`; the
     appended events, in the order of `appends` and then of seq."""
-    rows = [
-        {"run_id": view.run_id, "seq": append.expected_seq + n, "kind": str(event.kind),
-         "tenant_id": view.tenant_id, "payload": json.dumps(dict(event.payload)),
+    rows: list[dict[str, Any]] = [
+        {"run_id": view.run_id, "seq": append.expected_seq + n, "kind": event.kind,
+         "tenant_id": view.tenant_id, "payload": event.payload,
          "traceparent": append.traceparent}
         for view, append in appends
         for n, event in enumerate(append.events, start=1)
     ]  # fmt: skip
+    document = json.dumps(rows, default=dict)
+    escaped = _ESCAPED in document
+    if escaped:
+        document = json.dumps([{**row, "payload": json.dumps(row["payload"], default=dict)}
+                               for row in rows])  # fmt: skip
     await cursor.execute(
-        _UPDATE_RUNS_AND_INSERT_EVENTS if updated else _INSERT_EVENTS,
+        _STATEMENTS[bool(updated), escaped],
         {
-            "rows": json.dumps(rows),
+            "rows": document,
             "runs": json.dumps([_projection(view) for view in updated]),
             "channel": EVENTS_CHANNEL,
             "notice_max": NOTICE_MAX_BYTES,
         },
     )
-    stored = [event_from_row(row) for row in await cursor.fetchall()]
-    # Ordered here rather than in the statement, which would only be re-sorted.
-    order = {view.run_id: i for i, (view, _) in enumerate(appends)}
-    return sorted(stored, key=lambda event: (order[event.run_id], event.seq))
+    created = {(row["run_id"], row["seq"]): row["created_at"] for row in await cursor.fetchall()}
+    return [
+        StoredEvent(run_id=row["run_id"], seq=row["seq"], kind=row["kind"],
+                    tenant_id=row["tenant_id"], payload=row["payload"],
+                    created_at=created[row["run_id"], row["seq"]],
+                    traceparent=row["traceparent"])
+        for row in rows
+    ]  # fmt: skip
 
 
 def parse_notice(notice: str) -> tuple[str, list[StoredEvent] | None]:

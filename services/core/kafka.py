@@ -356,6 +356,15 @@ class EventConsumer:
             await self._consumer.commit(offsets)
         self._uncommitted.clear()
 
+    def pause(self) -> None:
+        """Stops fetching from the partitions held (the group's heartbeats go on)."""
+        assert self._consumer is not None, "used outside its context"
+        self._consumer.pause(*self._consumer.assignment())
+
+    def resume(self) -> None:
+        if self._consumer is not None:
+            self._consumer.resume(*self._consumer.paused())
+
 
 class _Assignment(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, assigned: asyncio.Event) -> None:

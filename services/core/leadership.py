@@ -23,7 +23,7 @@ import psycopg
 import structlog
 from psycopg.conninfo import make_conninfo
 
-from services.core.db import KEEPALIVES, Database, libpq_url
+from services.core.db import KEEPALIVES, Database, Listener, libpq_url
 from services.core.loop import stop_if_cancelled, within
 
 log = structlog.get_logger(__name__)
@@ -76,7 +76,7 @@ class Leadership:
         while True:
             stop_if_cancelled()
             try:
-                async with await psycopg.AsyncConnection.connect(
+                async with await Listener.connect(
                     self.conninfo, autocommit=True, application_name=f"tollgate-{self.name}"
                 ) as conn:
                     await _bound_session(conn)

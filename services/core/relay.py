@@ -84,6 +84,8 @@ MAX_PUBLISH_ATTEMPTS = 3
 # How often a leading relay asks the broker whether it still holds what it acknowledged,
 # and how often it forgets rows older than the window.
 WATCH_INTERVAL = 2.0
+# How long a relay that found nothing to publish waits for a notice before it looks anyway.
+IDLE_POLL = 5.0
 PRUNE_INTERVAL = 30.0
 
 
@@ -236,7 +238,9 @@ class OutboxRelay:
                 await self.prune(conn)
                 pruned = loop.time()
             if published < self.batch_size:
-                await self._wait_for_notify(conn)
+                # Rows left behind (refused ones) are tried again after `poll_interval`.
+                idle = max(self.poll_interval, IDLE_POLL)
+                await self._wait_for_notify(conn, self.poll_interval if published else idle)
 
     async def check_broker(self, conn: psycopg.AsyncConnection, watch: TopicWatch) -> None:
         """Publishes every kept row again when the broker no longer holds what it acked."""
@@ -274,10 +278,10 @@ class OutboxRelay:
     async def prune(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(_PRUNE, (self.republish_window,))
 
-    async def _wait_for_notify(self, conn: psycopg.AsyncConnection) -> None:
-        # Wakes on the first commit that appended events, or after
-        # poll_interval as a safety net; both lead to a fresh query.
-        async for notify in conn.notifies(timeout=self.poll_interval, stop_after=1):
+    async def _wait_for_notify(self, conn: psycopg.AsyncConnection, timeout: float) -> None:
+        # Wakes on the first commit that appended events, or after `timeout` as a safety
+        # net; both lead to a fresh query.
+        async for notify in conn.notifies(timeout=timeout, stop_after=1):
             self._admin_due |= notify.channel == ADMIN_EVENTS_CHANNEL
         # Notifications that arrived meanwhile are all covered by the next query.
         async for notify in conn.notifies(timeout=0, stop_after=10_000):

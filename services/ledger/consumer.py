@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database
+from services.core.idle import IdleFetch
 from services.core.pricing import PriceTable
 from services.core.runs import TERMINAL_STATES, StoredEvent
 from services.core.telemetry import bound_log_context
@@ -45,8 +46,10 @@ class LedgerConsumer(TrackingConsumer):
             session_timeout_ms=session_timeout_ms,
             # Brokers that answer an empty fetch only when this wait is over (the embedded
             # one) are asked 10 times a second, not 20: each round costs the broker and the
-            # ledger CPU, with the stack idle too. Billing is what waits, not the tokens.
+            # ledger CPU. Billing is what waits, not the tokens. None is asked while the
+            # store is quiet (`idle`).
             fetch_max_wait_ms=100,
+            idle=IdleFetch(db),
         )
         self.prices = prices
         self._pending: list[Bill] = []

@@ -10,6 +10,7 @@ admission's hints, which the leader's Kafka trigger and rescan make up for.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from services.core import server as core_server
 from services.core.config import CommonSettings, env_float, env_int, env_map
 from services.core.db import Database, open_db
 from services.core.event_store import EventStore
+from services.core.idle import IdleFetch
 from services.core.internal import server_interceptors
 from services.core.leadership import Leadership
 from services.core.loop import within
@@ -47,6 +49,8 @@ log = structlog.get_logger(__name__)
 
 # Arbitrary constant naming the scheduler's advisory lock.
 SCHEDULER_LOCK_KEY = 0x7363686C  # "schl"
+# How often the projection is scanned while nothing is appended (the trigger sleeps).
+QUIET_RESCAN_S = 30.0
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
@@ -118,12 +122,14 @@ class SchedulerApp:
             self.clients,
             on_no_room=self.liveness.poll_now,
         )
+        self.idle = IdleFetch(db)
         self.trigger = EventTrigger(
             settings.common.kafka_bootstrap,
             on_queued=self.intake.take_events,
             on_ended=self.state.forget,
             topic=settings.common.topic,
             session_timeout_ms=settings.kafka_session_timeout_ms,
+            idle=self.idle,
         )
         self.relay = OutboxRelay.from_settings(db, settings.common)
         self.leadership = Leadership(
@@ -145,11 +151,21 @@ class SchedulerApp:
         metrics.observe_state(self.state)
 
     async def rescan(self) -> None:
-        """The projection as source of truth: every `rescan_seconds`."""
+        """The projection as source of truth: every `rescan_seconds`; while nothing is
+        appended (the trigger sleeps through a quiet spell), once in the spell and then
+        every `QUIET_RESCAN_S`."""
+        scanned_spell: int | None = None
+        scanned_at = 0.0
         while True:
             await asyncio.sleep(self.settings.rescan_seconds)
+            spell = self.idle.quiet_spell
+            scanned = spell is not None and spell == scanned_spell
+            if scanned and time.monotonic() - scanned_at < QUIET_RESCAN_S:
+                continue
             try:
+                started = time.monotonic()
                 await self.refresh()
+                scanned_spell, scanned_at = spell, started
             except Exception:
                 log.exception("rescan failed")
 

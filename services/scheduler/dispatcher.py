@@ -30,6 +30,8 @@ REJECTED = "REJECTED"
 # a database that is away is not asked again at once for every queued run.
 MIN_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
+# How long the dispatcher waits with nothing queued before it looks anyway.
+EMPTY_QUEUE_WAIT_S = 5.0
 
 
 class Dispatcher:
@@ -67,9 +69,12 @@ class Dispatcher:
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
                 woken = asyncio.ensure_future(self.state.wake.wait())
+                # Queued runs age (batch runs are promoted in time); an empty queue only
+                # changes with a `wake`.
+                busy = self.state.queued or in_flight
                 await asyncio.wait(
                     {woken, *in_flight},
-                    timeout=self.idle_interval,
+                    timeout=self.idle_interval if busy else EMPTY_QUEUE_WAIT_S,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 woken.cancel()

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Collection
 import structlog
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
+from services.core.idle import IdleFetch
 from services.core.kafka import EventConsumer
 from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
 from services.scheduler.records import QueuedRun
@@ -84,8 +85,11 @@ class EventTrigger:
         topic: str = RUN_EVENTS_TOPIC,
         session_timeout_ms: int = 10_000,
         retry_interval: float = 2.0,
+        idle: IdleFetch | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        # Pauses the consumer while no run event comes (services/core/idle.py).
+        self.idle = idle
         self.on_queued = on_queued
         self.on_ended = on_ended
         self.topic = topic
@@ -119,13 +123,20 @@ class EventTrigger:
             # blocks; this trigger is for the runs whose hint was lost and for ending
             # assignments. Brokers that answer an empty fetch only when this wait is over
             # (the embedded one) are asked twice a second, not 50 times: each empty round
-            # costs the scheduler and the broker CPU, idle stack or not (bench/RESULTS.md).
+            # costs the scheduler and the broker CPU (bench/RESULTS.md); none is asked
+            # while the store is quiet (`idle`).
             fetch_max_wait_ms=500,
             assigned=self.ready,
         )
-        async with consumer:
-            async for events in consumer.batches():
-                await self._apply(events)
+        try:
+            async with consumer:
+                async for events in consumer.batches():
+                    await self._apply(events)
+                    if self.idle is not None:
+                        await self.idle.after_poll(consumer)
+        finally:
+            if self.idle is not None:
+                await self.idle.aclose()
 
     async def _apply(self, events: list[StoredEvent]) -> None:
         queued: list[StoredEvent] = []

@@ -22,7 +22,8 @@ Recover = Callable[[Assignment, str], Awaitable[None]]
 
 
 class LivenessChecker:
-    """Polls every worker's GetWorkerStatus; a worker unheard of for `timeout` is lost.
+    """Polls the GetWorkerStatus of every worker that sent no heartbeat for `interval` (and
+    all of them when asked, `poll_now`); a worker unheard of for `timeout` is lost.
 
     A lost worker's runs go to `recover`; so do runs assigned to a worker that
     has not been alive for `timeout` since they were adopted (a run found in
@@ -55,16 +56,25 @@ class LivenessChecker:
         self.left_out: dict[tuple[str, int], float] = {}
 
     async def run(self) -> None:
+        asked = True
         while True:
             try:
-                await self.check_once()
+                await self.check_once(every_worker=asked)
             except Exception:
                 log.exception("liveness check failed")
-            await wait_set(self.poll_now, self.interval)
+            asked = await wait_set(self.poll_now, self.interval)
             self.poll_now.clear()
 
-    async def check_once(self) -> None:
-        await asyncio.gather(*(self._poll(w) for w in self.state.registry.all()))
+    async def check_once(self, *, every_worker: bool = True) -> None:
+        """Polls the workers (unless `every_worker`, only those whose last report, status
+        or heartbeat, is an `interval` old: the others heartbeat), then settles runs."""
+        now = time.monotonic()
+        polled = [
+            worker
+            for worker in self.state.registry.all()
+            if every_worker or now - worker.reported_at >= self.interval
+        ]
+        await asyncio.gather(*(self._poll(w) for w in polled))
         now = time.monotonic()
         lost = set(self.state.registry.expire(now, self.timeout))
         for worker_id in lost:
