@@ -25,6 +25,7 @@ batches are open, every `interval` seconds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -98,9 +99,11 @@ class BatchDriver:
         self._cursors.clear()
         await conn.execute(f"LISTEN {CHANNEL}")
         while True:
-            busy = await self.step()
-            wait = self.interval if busy else IDLE_WAIT_S
-            async for _ in conn.notifies(timeout=wait, stop_after=1):
+            if await self.step():
+                await asyncio.sleep(self.interval)
+                continue
+            # Idle: until a notice (one sent meanwhile is kept by the connection).
+            async for _ in conn.notifies(timeout=IDLE_WAIT_S, stop_after=1):
                 pass
 
     async def step(self) -> bool:
