@@ -21,7 +21,8 @@ chunks that carry text, as OpenAI-endpoint load tools measure it) and TPOT p50 (
 request's time after its first token over its other tokens); then the stack's ratios.
 With `--busy`, each side also runs its levels with a CPU-bound process (a busy loop)
 beside it, and the ratio of its throughput to the quiet one is reported.
-The last line is one JSON object of the figures.
+A level still running at `--timeout` seconds is cut off there and counts the requests
+that ended (`finished` false). The last line is one JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -92,8 +93,10 @@ class Level:
     streams: int
     timings: list[Timing]
     seconds: float
+    # False: cut off at the level's timeout, the requests that ended by then counted.
+    finished: bool = True
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, Any]:
         tokens = sum(t.tokens for t in self.timings)
         gaps = [g for t in self.timings for g in t.gaps_ms()]
         ttfts = [t.ttft_ms for t in self.timings]
@@ -104,6 +107,8 @@ class Level:
             "itl_p50_ms": round(percentile(gaps, 50), 2),
             "itl_p99_ms": round(percentile(gaps, 99), 2),
             "tpot_p50_ms": round(percentile([t.tpot_ms for t in self.timings], 50), 2),
+            "requests_ended": len(self.timings),
+            "finished": self.finished,
         }
 
 
@@ -135,9 +140,16 @@ async def request(url: str, key: str, prompt: str, max_tokens: int) -> Timing:
 
 
 async def run_level(
-    side: str, url: str, key: str, prompts: list[str], streams: int, max_tokens: int
+    side: str,
+    url: str,
+    key: str,
+    prompts: list[str],
+    streams: int,
+    max_tokens: int,
+    timeout: float,
 ) -> Level:
-    """`prompts` sent with `streams` requests open at once, each next one sent as one ends."""
+    """`prompts` sent with `streams` requests open at once, each next one sent as one ends;
+    after `timeout` seconds what has ended is the level (`finished` False)."""
     queue = list(prompts)
     timings: list[Timing] = []
 
@@ -146,7 +158,10 @@ async def run_level(
             timings.append(await request(url, key, queue.pop(0), max_tokens))
 
     started = time.perf_counter()
-    await asyncio.gather(*(stream() for _ in range(streams)))
+    try:
+        await asyncio.wait_for(asyncio.gather(*(stream() for _ in range(streams))), timeout)
+    except TimeoutError:
+        return Level(side, streams, timings, timeout, finished=False)
     return Level(side, streams, timings, time.perf_counter() - started)
 
 
@@ -191,8 +206,8 @@ def measure(
             for streams in args.levels:
                 sent = prompts(f"{mode}-{streams}", max(args.requests, streams))
                 progress(f"{side}, {mode}: {len(sent)} requests, {streams} at once")
-                run = run_level(side, url, key, sent, streams, args.max_tokens)
-                level = asyncio.run(asyncio.wait_for(run, args.timeout))
+                run = run_level(side, url, key, sent, streams, args.max_tokens, args.timeout)
+                level = asyncio.run(run)
                 progress(f"{side}: {level.figures()}")
                 levels.append(level)
         results[mode] = levels
