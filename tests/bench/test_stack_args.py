@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from bench.stack import parse_args
+from bench.stack_anchor import PROMPT_TOKENS, Level, Timing, prompts_of
 from bench.stack_engines import rounds_at, sim_kv_blocks, sim_streams
 from bench.stack_sides import RequestTiming, StackWorkload, take_turns
 
@@ -72,3 +73,40 @@ def test_sides_take_turns_round_by_round_with_the_same_prompts() -> None:
     assert [[t.num_tokens for t in wave] for wave in alone.rounds] == [[4, 4]] * 3
     assert sorted(calls) == sorted((name, i) for name in ("alone", "stack") for i in range(6))
     assert alone.cpu.wall_seconds > 0 and stack.output_tokens == 24
+
+
+def test_the_anchor_has_its_defaults_and_runs_alone() -> None:
+    anchor = parse_args(["--anchor", "llama-server"])
+    assert (anchor.concurrencies, anchor.max_tokens) == ([1, 16, 64], 128)
+    assert anchor.precisions == ("int8", "fp32")
+    quick = parse_args(["--anchor", "llama-server", "--quick", "--precision", "int8"])
+    assert (quick.concurrencies, quick.max_tokens, quick.precisions) == ([1, 4], 32, ("int8",))
+    for other in (["--front", "http"], ["--engine-kind", "sim"], ["--model", "tiny"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--anchor", "llama-server", *other])
+
+
+class Words:
+    """A tokenizer of words, enough for the prompts' length."""
+
+    def encode(self, text: str) -> list[str]:
+        return text.split()
+
+
+def test_each_levels_prompts_are_its_own() -> None:
+    first = prompts_of(Words(), 4, "0-quiet-1")  # type: ignore[arg-type]
+    again = prompts_of(Words(), 4, "0-quiet-1")  # type: ignore[arg-type]
+    other = prompts_of(Words(), 4, "0-quiet-16")  # type: ignore[arg-type]
+    assert first == again
+    assert all(len(p.split()) >= PROMPT_TOKENS for p in first)
+    # No two share their words after the label: no prompt cache holds one for another.
+    tails = [p.split()[2:10] for p in first + other]
+    assert len({tuple(t) for t in tails}) == len(tails)
+
+
+def test_a_level_cut_off_counts_what_ended() -> None:
+    ended = Timing(0.0, [0.1, 0.2, 0.3], 3)
+    level = Level("x", 4, [ended], 10.0, finished=False)
+    figures = level.figures()
+    assert figures["tokens_per_s"] == 0.3 and figures["requests_ended"] == 1
+    assert figures["finished"] is False and figures["ttft_p50_ms"] == 100.0
