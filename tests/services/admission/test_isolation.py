@@ -2,6 +2,9 @@
 a finite concurrency for new tenants, and failed authentications that cost little."""
 
 import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from services.core.auth import Principal, authenticate
 from services.core.db import open_db
 from services.core.errors import DATABASE_AWAY, QuotaExceeded, Unauthenticated, Unavailable
 from services.core.fleet import FleetView
-from services.core.ratelimit import FAILURE_BURST
+from services.core.ratelimit import FAILURE_BURST, FailedAttempts
 from tests.services.admission.calls import count_runs, details, request
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
 from tollgate.v1 import admin_pb2, gateway_pb2
@@ -238,15 +241,30 @@ async def test_keys_of_the_wrong_shape_are_refused_without_a_query() -> None:
         await db.dispose()
 
 
+@contextlib.contextmanager
+def held_still(failures: FailedAttempts) -> Iterator[None]:
+    """The failure buckets' clock held still while the block runs: no token comes back
+    between calls, however slow the machine makes them (two a second would)."""
+    now = failures.clock()
+    failures.clock = lambda: now
+    try:
+        yield
+    finally:
+        failures.clock = time.monotonic
+
+
 async def test_a_peer_that_keeps_failing_is_held_back(admission: Admission) -> None:
     _, key = await admission.new_tenant_key("neighbour")
     wrong = auth("tg_0123456789abcdef_" + "x" * 43)
-    for _ in range(FAILURE_BURST):
+    with held_still(admission.core.auth_failures):
+        for _ in range(FAILURE_BURST):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await admission.gateway.GetRun(
+                    gateway_pb2.GetRunRequest(run_id="r"), metadata=wrong
+                )
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await admission.gateway.GetRun(gateway_pb2.GetRunRequest(run_id="r"), metadata=wrong)
-        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await admission.gateway.ListRuns(gateway_pb2.ListRunsRequest(), metadata=auth(key))
+            await admission.gateway.ListRuns(gateway_pb2.ListRunsRequest(), metadata=auth(key))
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     found = details(caught.value)
     assert found["ErrorInfo"].reason == "RATE_LIMITED"
@@ -286,22 +304,24 @@ async def test_guessing_the_admin_token_holds_the_peer_back_at_both_front_doors(
     admission: Admission,
 ) -> None:
     _, key = await admission.new_tenant_key("guessed-next-door")
-    for _ in range(FAILURE_BURST):
+    with held_still(admission.core.auth_failures):
+        for _ in range(FAILURE_BURST):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await admission.admin.ListTenants(
+                    admin_pb2.ListTenantsRequest(), metadata=auth("not-the-admin-token")
+                )
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await admission.admin.ListTenants(
-                admin_pb2.ListTenantsRequest(), metadata=auth("not-the-admin-token")
+                admin_pb2.ListTenantsRequest(), metadata=auth(ADMIN_TOKEN)
             )
-        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await admission.admin.ListTenants(
-            admin_pb2.ListTenantsRequest(), metadata=auth(ADMIN_TOKEN)
-        )
-    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert details(caught.value)["ErrorInfo"].reason == "RATE_LIMITED"
-    # The HTTP door counts the same address in the same bucket, whatever its transport.
-    transport = httpx2.ASGITransport(app=create_app(admission.core), client=("127.0.0.1", 1))
-    async with httpx2.AsyncClient(transport=transport, base_url="http://admission") as http:
-        answer = await http.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert details(caught.value)["ErrorInfo"].reason == "RATE_LIMITED"
+        # The HTTP door counts the same address in the same bucket, whatever its transport.
+        app = create_app(admission.core)
+        transport = httpx2.ASGITransport(app=app, client=("127.0.0.1", 1))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://admission") as http:
+            answer = await http.get("/v1/models", headers={"authorization": f"Bearer {key}"})
     assert answer.status_code == 429 and "retry-after" in answer.headers
 
 
