@@ -46,8 +46,8 @@ from bench.models import REAL_MODEL
 from bench.models import model_dir as bench_model_dir
 from bench.report import percentile, progress
 from bench.stack_engines import SLOT_CONTEXT_STEP, builtin_threads
-from bench.stack_http import sse_post
-from bench.stack_sides import MODEL_NAME, running_stack, tenant_key
+from bench.stack_http import completion_body, sse_post
+from bench.stack_sides import running_stack, tenant_key
 from engine.model_dirs.fetch import fetch_gguf
 from engine.model_dirs.registry import KNOWN_MODELS, model_cache, model_index
 from engine.tokenizer import Tokenizer
@@ -114,15 +114,7 @@ class Level:
 
 async def request(url: str, key: str, prompt: str, max_tokens: int) -> Timing:
     timing = Timing(time.perf_counter())
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = completion_body(prompt, max_tokens)
     async for data in sse_post(url, "/v1/completions", body, key):
         if data == "[DONE]":
             break

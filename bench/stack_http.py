@@ -74,9 +74,10 @@ async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         await reader.readexactly(2)  # the chunk's CRLF
 
 
-async def http_request(url: str, api_key: str, prompt: str, max_tokens: int) -> RequestTiming:
-    timing = RequestTiming(time.perf_counter())
-    body = {
+def completion_body(prompt: str, max_tokens: int) -> dict[str, Any]:
+    """A streamed, greedy `/v1/completions` body of exactly `max_tokens` (EOS ignored),
+    its usage in the last chunk."""
+    return {
         "model": MODEL_NAME,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -85,6 +86,11 @@ async def http_request(url: str, api_key: str, prompt: str, max_tokens: int) -> 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+async def http_request(url: str, api_key: str, prompt: str, max_tokens: int) -> RequestTiming:
+    timing = RequestTiming(time.perf_counter())
+    body = completion_body(prompt, max_tokens)
     async for data in sse_post(url, "/v1/completions", body, api_key):
         if data == "[DONE]":
             break
