@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -137,3 +141,20 @@ def running_stack(
 def stack(infra: Endpoints, template_database: str, tiny_model_dir: Path) -> Iterator[Stack]:
     with running_stack(infra, template_database, tiny_model_dir) as (stack, _):
         yield stack
+
+
+def paste_design_snippet(
+    marker: str, stack: Stack, tmp_path: Path, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs docs/DESIGN.md's Python block after `<!-- marker -->` as a user pastes it, in a
+    directory whose `.tollgate/stack/stack.json` names this stack (its model as `tiny`)."""
+    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text()
+    block = design.split(f"<!-- {marker} -->", 1)[1].split("```", 2)[1]
+    snippet = textwrap.dedent(block.split("\n", 1)[1]).replace("smollm2-135m-instruct", "tiny")
+    (tmp_path / ".tollgate" / "stack").mkdir(parents=True)
+    stack_file = {"http": stack.http, "api_key": stack.tenant_key(marker)}
+    (tmp_path / ".tollgate" / "stack" / "stack.json").write_text(json.dumps(stack_file))
+    return subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip

@@ -11,9 +11,6 @@ from __future__ import annotations
 import io
 import json
 import socket
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +23,7 @@ import sqlalchemy as sa
 
 from services.stack.infra import Endpoints
 from services.stack.launcher import Services
-from tests.e2e.conftest import Stack, running_stack
+from tests.e2e.conftest import Stack, paste_design_snippet, running_stack
 from tests.e2e.test_restarts import kill
 from tollgate.cli import main as tollgate
 
@@ -263,16 +260,7 @@ def test_a_batch_outlives_its_worker_and_driver_killed_midway(
 
 
 def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) -> None:
-    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text()
-    block = design.split("<!-- batch-snippet -->", 1)[1].split("```", 2)[1]
-    snippet = textwrap.dedent(block.split("\n", 1)[1]).replace("smollm2-135m-instruct", "tiny")
-    (tmp_path / ".tollgate" / "stack").mkdir(parents=True)
-    stack_file = {"http": stack.http, "api_key": stack.tenant_key("batches-doc")}
-    (tmp_path / ".tollgate" / "stack" / "stack.json").write_text(json.dumps(stack_file))
-    pasted = subprocess.run(
-        [sys.executable, "-c", snippet],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    pasted = paste_design_snippet("batch-snippet", stack, tmp_path)
     assert pasted.returncode == 0, pasted.stderr
     assert pasted.stdout.startswith("completed"), pasted.stdout
     assert [line.split()[0] for line in pasted.stdout.splitlines()[1:]] == [

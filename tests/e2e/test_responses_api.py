@@ -9,10 +9,6 @@ its fields and find none missing.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +20,7 @@ import pytest
 from services.admission.attachment_store import LEASE_SECONDS
 from services.stack.infra import Endpoints
 from services.stack.launcher import Services
-from tests.e2e.conftest import Stack, running_stack
+from tests.e2e.conftest import Stack, paste_design_snippet, running_stack
 from tests.e2e.test_http import engine_suspended
 from tests.e2e.test_restarts import kill
 from tests.openai_types import parse_event, parse_response
@@ -243,16 +239,7 @@ def test_fields_that_cannot_be_honoured_are_refused_by_name(sdk: openai.OpenAI) 
 
 
 def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) -> None:
-    design = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_text()
-    block = design.split("<!-- responses-snippet -->", 1)[1].split("```", 2)[1]
-    snippet = textwrap.dedent(block.split("\n", 1)[1]).replace("smollm2-135m-instruct", "tiny")
-    (tmp_path / ".tollgate" / "stack").mkdir(parents=True)
-    stack_file = {"http": stack.http, "api_key": stack.tenant_key("responses-doc")}
-    (tmp_path / ".tollgate" / "stack" / "stack.json").write_text(json.dumps(stack_file))
-    pasted = subprocess.run(
-        [sys.executable, "-c", snippet],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    pasted = paste_design_snippet("responses-snippet", stack, tmp_path, timeout=60)
     assert pasted.returncode == 0, pasted.stderr
     assert "response.completed" in pasted.stdout or "response.incomplete" in pasted.stdout
 
