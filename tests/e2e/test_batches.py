@@ -263,7 +263,9 @@ def test_the_documented_example_works_when_pasted(stack: Stack, tmp_path: Path) 
     pasted = paste_design_snippet("batch-snippet", stack, tmp_path)
     assert pasted.returncode == 0, pasted.stderr
     assert pasted.stdout.startswith("completed"), pasted.stdout
-    assert [line.split()[0] for line in pasted.stdout.splitlines()[1:]] == [
+    # Each answer's line starts with its custom_id; an answer may hold newlines of its own.
+    lines = pasted.stdout.splitlines()[1:]
+    assert [line.split()[0] for line in lines if line.startswith("colour-")] == [
         f"colour-{i}" for i in range(3)
     ]
 
