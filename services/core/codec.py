@@ -41,6 +41,7 @@ def to_proto(event: StoredEvent) -> events_pb2.RunEvent:
         seq=event.seq,
         state=PROTO_STATES[event.kind],  # type: ignore[arg-type]
         tenant_id=event.tenant_id,
+        live=event.live,
     )
     message.time.FromDatetime(event.created_at)
     _fill_body(message, event.kind, event.payload)

@@ -86,6 +86,9 @@ class StoredEvent:
     payload: Mapping[str, Any]
     created_at: datetime
     traceparent: str = ""
+    # A `streaming` event not stored yet (`services.core.live`): `seq` is the last
+    # stored event's.
+    live: bool = False
 
 
 @dataclass(frozen=True, slots=True)

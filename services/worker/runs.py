@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -37,6 +37,12 @@ class AssignedRun:
     num_answers: int = 1
     # Set once events after `prefill` are stored.
     streamed: bool = False
+    # The run's output (tokens, characters) in its stored events, and in all its outputs.
+    stored: tuple[int, int] = (0, 0)
+    made: tuple[int, int] = (0, 0)
+    # Its outputs not stored yet, oldest first, and when the oldest came (loop time).
+    pending: list[RequestOutput] = field(default_factory=list)
+    pending_since: float = 0.0
 
 
 def engine_lost_events(
@@ -59,21 +65,27 @@ def usage_of(metrics: RequestMetrics) -> dict[str, Any]:
     }
 
 
-def step_events(run: AssignedRun, outputs: Sequence[RequestOutput]) -> list[NewEvent]:
+def step_events(
+    run: AssignedRun, outputs: Sequence[RequestOutput], at: tuple[int, int] = (0, 0)
+) -> list[NewEvent]:
     """One `streaming` event for the new tokens of a run's consecutive step outputs (with
     n > 1, one per stretch of one answer, naming it, the last of an answer with why it
-    ended), then the terminal event if the last of them finished the request.
+    ended), then the terminal event if the last of them finished the request. `at` is
+    the run's output before them (tokens, characters): each `streaming` payload says
+    where its own starts (`services.core.live`).
 
-    Steps that piled up behind a slow append become one event instead of one each, so
-    the more loaded the pipeline, the fewer events it has to carry.
+    Steps that piled up between two of the run's stores become one event instead of
+    one each.
     """
     events = []
+    tokens, chars = at
     for answer in _answers(outputs):
         token_ids = [token for output in answer for token in output.new_token_ids]
         if not token_ids:
             continue
         text = "".join(output.text_delta for output in answer)
-        payload: dict[str, Any] = {"token_ids": token_ids, "text": text}
+        payload: dict[str, Any] = {"token_ids": token_ids, "text": text, "at": [tokens, chars]}
+        tokens, chars = tokens + len(token_ids), chars + len(text)
         for name in ("logprobs", "prompt_logprobs"):
             entries = [logprob_json(e) for output in answer for e in getattr(output, name)]
             if entries:

@@ -161,7 +161,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "sampling", "priority", "idempotency_key", "disconnect_grace", "until_terminal")
+    __slots__ = ("model", "prompt", "messages", "sampling", "priority", "idempotency_key", "disconnect_grace", "until_terminal", "live")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class GenerateRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     DISCONNECT_GRACE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -178,7 +179,8 @@ class GenerateRequest(_message.Message):
     idempotency_key: str
     disconnect_grace: _duration_pb2.Duration
     until_terminal: bool
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., idempotency_key: _Optional[str] = ..., disconnect_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., until_terminal: _Optional[bool] = ...) -> None: ...
+    live: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[_Union[Priority, str]] = ..., idempotency_key: _Optional[str] = ..., disconnect_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., until_terminal: _Optional[bool] = ..., live: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "cached_prompt_tokens", "output_tokens", "kv_blocks_peak", "kv_block_seconds")
@@ -247,20 +249,22 @@ class Prefill(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_epoch: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Streaming(_message.Message):
-    __slots__ = ("token_ids", "text", "logprobs", "index", "finish_reason", "prompt_logprobs")
+    __slots__ = ("token_ids", "text", "logprobs", "index", "finish_reason", "prompt_logprobs", "at")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     index: int
     finish_reason: str
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    at: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., at: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Completed(_message.Message):
     __slots__ = ("finish_reason", "usage", "ttft_seconds")
@@ -301,12 +305,13 @@ class Billed(_message.Message):
     def __init__(self, amount_micros: _Optional[int] = ..., currency: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ...) -> None: ...
 
 class RunEvent(_message.Message):
-    __slots__ = ("run_id", "seq", "state", "tenant_id", "time", "queued", "prefill", "streaming", "completed", "failed", "cancelled", "billed")
+    __slots__ = ("run_id", "seq", "state", "tenant_id", "time", "live", "queued", "prefill", "streaming", "completed", "failed", "cancelled", "billed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     STREAMING_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +324,7 @@ class RunEvent(_message.Message):
     state: RunState
     tenant_id: str
     time: _timestamp_pb2.Timestamp
+    live: bool
     queued: Queued
     prefill: Prefill
     streaming: Streaming
@@ -326,7 +332,7 @@ class RunEvent(_message.Message):
     failed: Failed
     cancelled: Cancelled
     billed: Billed
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state: _Optional[_Union[RunState, str]] = ..., tenant_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ..., prefill: _Optional[_Union[Prefill, _Mapping]] = ..., streaming: _Optional[_Union[Streaming, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ..., billed: _Optional[_Union[Billed, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state: _Optional[_Union[RunState, str]] = ..., tenant_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live: _Optional[bool] = ..., queued: _Optional[_Union[Queued, _Mapping]] = ..., prefill: _Optional[_Union[Prefill, _Mapping]] = ..., streaming: _Optional[_Union[Streaming, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ..., billed: _Optional[_Union[Billed, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "tenant_id", "model", "state", "last_seq", "usage", "idempotency_key", "finish_reason", "create_time", "update_time", "priority")

@@ -25,29 +25,29 @@ _sym_db = _symbol_database.Default()
 from tollgate.v1 import events_pb2 as tollgate_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tollgate/v1/gateway.proto\x12\x0btollgate.v1\x1a\x18tollgate/v1/events.proto\"R\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0estarting_after\x18\x02 \x01(\x04\x12\x16\n\x0euntil_terminal\x18\x03 \x01(\x08\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"8\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.tollgate.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x13\n\x11ListModelsRequest\";\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x62\x61se\x18\x02 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\x05\"8\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.tollgate.v1.Model2\xa6\x03\n\x0eGatewayService\x12\x41\n\x08Generate\x12\x1c.tollgate.v1.GenerateRequest\x1a\x15.tollgate.v1.RunEvent0\x01\x12\x43\n\tStreamRun\x12\x1d.tollgate.v1.StreamRunRequest\x1a\x15.tollgate.v1.RunEvent0\x01\x12<\n\tCancelRun\x12\x1d.tollgate.v1.CancelRunRequest\x1a\x10.tollgate.v1.Run\x12\x36\n\x06GetRun\x12\x1a.tollgate.v1.GetRunRequest\x1a\x10.tollgate.v1.Run\x12G\n\x08ListRuns\x12\x1c.tollgate.v1.ListRunsRequest\x1a\x1d.tollgate.v1.ListRunsResponse\x12M\n\nListModels\x12\x1e.tollgate.v1.ListModelsRequest\x1a\x1f.tollgate.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tollgate/v1/gateway.proto\x12\x0btollgate.v1\x1a\x18tollgate/v1/events.proto\"\x8b\x01\n\x10StreamRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0estarting_after\x18\x02 \x01(\x04\x12\x16\n\x0euntil_terminal\x18\x03 \x01(\x08\x12\x14\n\x0c\x61\x66ter_tokens\x18\x04 \x01(\x04\x12\x13\n\x0b\x61\x66ter_chars\x18\x05 \x01(\x04\x12\x0c\n\x04live\x18\x06 \x01(\x08\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"8\n\x0fListRunsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.tollgate.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x13\n\x11ListModelsRequest\";\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x62\x61se\x18\x02 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x03 \x01(\x05\"8\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.tollgate.v1.Model2\xa6\x03\n\x0eGatewayService\x12\x41\n\x08Generate\x12\x1c.tollgate.v1.GenerateRequest\x1a\x15.tollgate.v1.RunEvent0\x01\x12\x43\n\tStreamRun\x12\x1d.tollgate.v1.StreamRunRequest\x1a\x15.tollgate.v1.RunEvent0\x01\x12<\n\tCancelRun\x12\x1d.tollgate.v1.CancelRunRequest\x1a\x10.tollgate.v1.Run\x12\x36\n\x06GetRun\x12\x1a.tollgate.v1.GetRunRequest\x1a\x10.tollgate.v1.Run\x12G\n\x08ListRuns\x12\x1c.tollgate.v1.ListRunsRequest\x1a\x1d.tollgate.v1.ListRunsResponse\x12M\n\nListModels\x12\x1e.tollgate.v1.ListModelsRequest\x1a\x1f.tollgate.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tollgate.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STREAMRUNREQUEST']._serialized_start=68
-  _globals['_STREAMRUNREQUEST']._serialized_end=150
-  _globals['_CANCELRUNREQUEST']._serialized_start=152
-  _globals['_CANCELRUNREQUEST']._serialized_end=186
-  _globals['_GETRUNREQUEST']._serialized_start=188
-  _globals['_GETRUNREQUEST']._serialized_end=219
-  _globals['_LISTRUNSREQUEST']._serialized_start=221
-  _globals['_LISTRUNSREQUEST']._serialized_end=277
-  _globals['_LISTRUNSRESPONSE']._serialized_start=279
-  _globals['_LISTRUNSRESPONSE']._serialized_end=354
-  _globals['_LISTMODELSREQUEST']._serialized_start=356
-  _globals['_LISTMODELSREQUEST']._serialized_end=375
-  _globals['_MODEL']._serialized_start=377
-  _globals['_MODEL']._serialized_end=436
-  _globals['_LISTMODELSRESPONSE']._serialized_start=438
-  _globals['_LISTMODELSRESPONSE']._serialized_end=494
-  _globals['_GATEWAYSERVICE']._serialized_start=497
-  _globals['_GATEWAYSERVICE']._serialized_end=919
+  _globals['_STREAMRUNREQUEST']._serialized_start=69
+  _globals['_STREAMRUNREQUEST']._serialized_end=208
+  _globals['_CANCELRUNREQUEST']._serialized_start=210
+  _globals['_CANCELRUNREQUEST']._serialized_end=244
+  _globals['_GETRUNREQUEST']._serialized_start=246
+  _globals['_GETRUNREQUEST']._serialized_end=277
+  _globals['_LISTRUNSREQUEST']._serialized_start=279
+  _globals['_LISTRUNSREQUEST']._serialized_end=335
+  _globals['_LISTRUNSRESPONSE']._serialized_start=337
+  _globals['_LISTRUNSRESPONSE']._serialized_end=412
+  _globals['_LISTMODELSREQUEST']._serialized_start=414
+  _globals['_LISTMODELSREQUEST']._serialized_end=433
+  _globals['_MODEL']._serialized_start=435
+  _globals['_MODEL']._serialized_end=494
+  _globals['_LISTMODELSRESPONSE']._serialized_start=496
+  _globals['_LISTMODELSRESPONSE']._serialized_end=552
+  _globals['_GATEWAYSERVICE']._serialized_start=555
+  _globals['_GATEWAYSERVICE']._serialized_end=977
 # @@protoc_insertion_point(module_scope)

@@ -8,14 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StreamRunRequest(_message.Message):
-    __slots__ = ("run_id", "starting_after", "until_terminal")
+    __slots__ = ("run_id", "starting_after", "until_terminal", "after_tokens", "after_chars", "live")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STARTING_AFTER_FIELD_NUMBER: _ClassVar[int]
     UNTIL_TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CHARS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     starting_after: int
     until_terminal: bool
-    def __init__(self, run_id: _Optional[str] = ..., starting_after: _Optional[int] = ..., until_terminal: _Optional[bool] = ...) -> None: ...
+    after_tokens: int
+    after_chars: int
+    live: bool
+    def __init__(self, run_id: _Optional[str] = ..., starting_after: _Optional[int] = ..., until_terminal: _Optional[bool] = ..., after_tokens: _Optional[int] = ..., after_chars: _Optional[int] = ..., live: _Optional[bool] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id",)

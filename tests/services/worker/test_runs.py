@@ -30,9 +30,9 @@ RUN = AssignedRun(run_id="r1", tenant_id="t1", lease_epoch=1, last_seq=2)
 
 
 def test_new_tokens_become_one_streaming_event() -> None:
-    [event] = step_events(RUN, [output((5, 6), "ab", None)])
+    [event] = step_events(RUN, [output((5, 6), "ab", None)], at=(3, 10))
     assert event.kind == RunState.STREAMING
-    assert event.payload == {"token_ids": [5, 6], "text": "ab"}
+    assert event.payload == {"token_ids": [5, 6], "text": "ab", "at": [3, 10]}
 
 
 @pytest.mark.parametrize("reason", ["stop", "length", "stop_sequence"])
@@ -64,7 +64,7 @@ def test_an_abort_is_the_cancellation_with_its_reason() -> None:
 def test_steps_that_piled_up_become_one_streaming_event_then_the_end() -> None:
     outputs = [output((5,), "a", None), output((), "", None), output((6, 7), "bc", "length")]
     streaming, completed = step_events(RUN, outputs)
-    assert streaming.payload == {"token_ids": [5, 6, 7], "text": "abc"}
+    assert streaming.payload == {"token_ids": [5, 6, 7], "text": "abc", "at": [0, 0]}
     assert completed.kind == RunState.COMPLETED
 
 
@@ -83,11 +83,12 @@ def test_each_answer_streams_apart_and_says_when_it_ends() -> None:
         answer(0, (), None),
         answer(1, (4, 5), "length", last=True),
     ]
-    *streamed, completed = step_events(run, outputs)
+    *streamed, completed = step_events(run, outputs, at=(1, 1))
+    # Where each stretch starts counts the run's output over all its answers.
     assert [e.payload for e in streamed] == [
-        {"token_ids": [1, 2], "text": "xx", "index": 0, "finish_reason": "stop"},
-        {"token_ids": [3], "text": "x", "index": 1},
-        {"token_ids": [4, 5], "text": "xx", "index": 1, "finish_reason": "length"},
+        {"token_ids": [1, 2], "text": "xx", "at": [1, 1], "index": 0, "finish_reason": "stop"},
+        {"token_ids": [3], "text": "x", "at": [3, 3], "index": 1},
+        {"token_ids": [4, 5], "text": "xx", "at": [4, 4], "index": 1, "finish_reason": "length"},
     ]
     assert completed.kind == RunState.COMPLETED
 

@@ -1,0 +1,119 @@
+"""Tokens a client sees before they are stored, and where its stream stands (no I/O).
+
+A worker stores a run's `streaming` events at a per-run pace (every so many tokens or
+so long, whichever comes first; a run's first tokens and its end at once) and publishes
+each step's tokens as they come on LIVE_CHANNEL, to the streams attached to the run.
+Every `streaming` payload, stored or live, says where its tokens start among the run's
+output: `at` = [tokens, characters of text] before them, over all of the run's answers
+in the order the engine made them. The stored events hold the same tokens and text as
+the live pieces, in the same order, so a stream that has sent a client the run's output
+up to some point cuts what it already sent off the stored events that follow.
+
+A `Position` is such a point: every stored event through `seq`, and the run's output up
+to `tokens` (`chars`). A client resumes from one, written `seq` (a stored event's id) or
+`seq.tokens.chars` (a live piece's).
+
+Only a run whose first `streaming` event is stored has live pieces: from then on its
+worker's loss ends it (`failed`), never runs it again, so what a client saw live is
+never replaced by other tokens. What it saw live past the last stored event when its
+worker was lost is not in the run's record (at most one store interval of tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.core.runs import StoredEvent
+
+LIVE_CHANNEL = "tollgate_live"
+# PostgreSQL refuses a notice payload of 8000 bytes or more; a bigger piece is not sent
+# live (the stored event brings it).
+LIVE_NOTICE_MAX_BYTES = 7900
+_POSITION = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,19})\.([0-9]{1,19}))?")
+MAX_SEQ = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Every stored event through `seq`, and the run's output up to `tokens` tokens and
+    `chars` characters (0 and 0: nothing beyond what those events hold is known)."""
+
+    seq: int
+    tokens: int = 0
+    chars: int = 0
+
+    def __str__(self) -> str:
+        if not self.tokens and not self.chars:
+            return str(self.seq)
+        return f"{self.seq}.{self.tokens}.{self.chars}"
+
+
+def event_id(event: StoredEvent) -> str:
+    """Where a client that has `event` stands, as it sends it back to resume: the seq of
+    a stored event, the position after a live one."""
+    end = end_of(event.payload) if event.live else None
+    return str(Position(event.seq, *end)) if end is not None else str(event.seq)
+
+
+def parse_position(text: str) -> Position | None:
+    """The position a client sent back (`7` or `7.40.183`); None for anything else."""
+    match = _POSITION.fullmatch(text.strip())
+    if match is None:
+        return None
+    seq, tokens, chars = (int(g) if g else 0 for g in match.groups())
+    if max(seq, tokens, chars) > MAX_SEQ:
+        return None
+    return Position(seq, tokens, chars)
+
+
+def offset(payload: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Where a `streaming` payload's tokens start (tokens, chars); None when it does not
+    say (stored before payloads said it)."""
+    at = payload.get("at")
+    if not isinstance(at, list | tuple) or len(at) != 2:
+        return None
+    return int(at[0]), int(at[1])
+
+
+def end_of(payload: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Where a `streaming` payload's tokens end (tokens, chars), None when unknown."""
+    start = offset(payload)
+    if start is None:
+        return None
+    return start[0] + len(payload.get("token_ids", ())), start[1] + len(payload.get("text", ""))
+
+
+def cut(payload: Mapping[str, Any], tokens: int, chars: int) -> dict[str, Any]:
+    """`payload` without the run's output before `tokens` (`chars`): what a client that
+    has the output up to there still lacks. Empty of tokens when it had all of them."""
+    start = offset(payload)
+    assert start is not None
+    skip_tokens = min(max(tokens - start[0], 0), len(payload.get("token_ids", ())))
+    skip_chars = min(max(chars - start[1], 0), len(payload.get("text", "")))
+    if not skip_tokens and not skip_chars:
+        return dict(payload)
+    rest = dict(payload)
+    rest["token_ids"] = list(payload.get("token_ids", ()))[skip_tokens:]
+    rest["text"] = payload.get("text", "")[skip_chars:]
+    rest["at"] = [start[0] + skip_tokens, start[1] + skip_chars]
+    if "logprobs" in payload:
+        rest["logprobs"] = list(payload["logprobs"])[skip_tokens:]
+    rest.pop("prompt_logprobs", None)  # sent with the run's first tokens
+    if not rest["token_ids"]:
+        rest.pop("finish_reason", None)  # sent with the answer's last tokens
+    return rest
+
+
+def live_notice(run_id: str, payloads: Sequence[Mapping[str, Any]]) -> str | None:
+    """The notice carrying a run's live pieces; None when it would not fit."""
+    notice = f"{run_id} {json.dumps(payloads, separators=(',', ':'))}"
+    return notice if len(notice.encode()) <= LIVE_NOTICE_MAX_BYTES else None
+
+
+def parse_live_notice(notice: str) -> tuple[str, list[dict[str, Any]]]:
+    run_id, _, body = notice.partition(" ")
+    return run_id, json.loads(body)
