@@ -36,6 +36,7 @@ from services.core.errors import ApiError, IdempotencyKeyReused, QuotaExceeded
 from services.core.event_store import EventStore, IdempotencyKeyTaken
 from services.core.fleet import FleetView
 from services.core.key_usage import KeyUsage
+from services.core.live import Position
 from services.core.pricing import PriceTable
 from services.core.ratelimit import FailedAttempts
 from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
@@ -245,30 +246,34 @@ class Gateway:
         self,
         principal: Principal,
         run_id: str,
-        after_seq: int,
+        after: Position,
         until_terminal: bool,
         known: Sequence[StoredEvent] = (),
+        *,
+        live: bool = False,
     ) -> AsyncIterator[StoredEvent]:
-        """The run's events after `after_seq`, starting with `known` (the events right
-        after it that the caller holds); while it lasts, the run counts as attached and
-        as one of the tenant's streams, and the caller's key is watched: a stream whose
-        key is revoked, expires or is rotated away ends with Unauthenticated.
+        """The run's events after `after`, starting with `known` (the events right after
+        it that the caller holds), and with `live` its tokens as they are made
+        (`services.core.live`); while it lasts, the run counts as attached and as one of
+        the tenant's streams, and the caller's key is watched: a stream whose key is
+        revoked, expires or is rotated away ends with Unauthenticated.
 
         Raises QuotaExceeded (STREAMS_LIMITED) here, before any event, when the tenant
         holds as many streams as it may: a front can still answer with an error status."""
         assert principal.tenant_id is not None
         limit = await self.stream_limits.get(principal.tenant_id)
         self.streams.check(principal.tenant_id, limit, run_id)
-        return self._follow(principal, limit, run_id, after_seq, until_terminal, known)
+        return self._follow(principal, limit, run_id, after, until_terminal, known, live)
 
     async def _follow(
         self,
         principal: Principal,
         limit: int,
         run_id: str,
-        after_seq: int,
+        after: Position,
         until_terminal: bool,
         known: Sequence[StoredEvent],
+        live: bool,
     ) -> AsyncIterator[StoredEvent]:
         assert principal.tenant_id is not None
         stop_kinds = ENDED_STATES if until_terminal else UNTIL_BILLED
@@ -285,10 +290,11 @@ class Gateway:
                     self.store,
                     self.feed,
                     run_id,
-                    after_seq,
+                    after,
                     stop_kinds,
                     known=known,
                     stopped=lambda: self.key_watch.has_lapsed(credential),
+                    live=live,
                 ):
                     yield event
                     last_kind = event.kind

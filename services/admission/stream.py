@@ -1,12 +1,16 @@
-"""A run's events for a client, as their transactions commit.
+"""A run's events for a client, as their transactions commit, and its tokens as they
+are made.
 
 Every append sends a notice when it commits, carrying its events
-(`services.core.event_store.parse_notice`). `RunFeed` listens and hands the
+(`services.core.event_store.parse_notice`), and a worker publishes each step's
+tokens as live pieces (`services.core.live`). `RunFeed` listens and hands the
 notices of a run to that run's streams. A stream first reads the store, then
 takes events from the notices while each is the next seq; anything else (a
 notice without its events, a gap, a reconnected listener, or silence for a
 while) sends it back to the store, which is the truth. A lost notice costs
-latency, never an event.
+latency, never an event. A stream that asked for live pieces sends each that
+continues what it sent, and cuts what it sent off the stored events
+(`StreamCursor`).
 
 Each stream's queue of notices is bounded: a stream that falls behind (its client
 reads slowly, or its run streams fast) has what it holds replaced by "read the
@@ -25,13 +29,15 @@ from psycopg.conninfo import make_conninfo
 
 from services.core.db import EVENTS_CHANNEL, KEEPALIVES, Listener, libpq_url
 from services.core.event_store import EventStore, parse_notice
+from services.core.live import LIVE_CHANNEL, LivePieces, Position, StreamCursor, parse_live_notice
 from services.core.loop import within
 from services.core.runs import RunState, StoredEvent
 
 log = structlog.get_logger(__name__)
 
-# What a stream is handed: events from a notice, or None for "read the store".
-Notice = list[StoredEvent] | None
+# What a stream is handed: events from a notice, a run's live pieces, or None for
+# "read the store".
+Notice = list[StoredEvent] | LivePieces | None
 MAX_PENDING_NOTICES = 64
 
 
@@ -52,6 +58,8 @@ class RunFeed:
         self.retry_interval = retry_interval
         self.max_pending = max_pending
         self._subscribers: defaultdict[str, set[asyncio.Queue[Notice]]] = defaultdict(set)
+        # The subscribers that take live pieces too.
+        self._live: defaultdict[str, set[asyncio.Queue[Notice]]] = defaultdict(set)
         self.listening = asyncio.Event()
 
     async def run(self) -> None:
@@ -60,10 +68,14 @@ class RunFeed:
             try:
                 async with await Listener.connect(self.conninfo, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    await conn.execute(f"LISTEN {LIVE_CHANNEL}")
                     self.listening.set()
                     self._send_all(None)  # whatever committed while nobody listened
                     async for notify in conn.notifies():
-                        self._deliver(notify.payload)
+                        if notify.channel == LIVE_CHANNEL:
+                            self._deliver_live(notify.payload)
+                        else:
+                            self._deliver(notify.payload)
             except Exception as error:  # the streams poll the store meanwhile
                 log.warning("event feed interrupted", error=repr(error))
             self.listening.clear()
@@ -83,6 +95,18 @@ class RunFeed:
         for queue in queues:
             _offer(queue, events)
 
+    def _deliver_live(self, notice: str) -> None:
+        queues = self._live.get(notice.partition(" ")[0])
+        if not queues:
+            return
+        try:
+            pieces = parse_live_notice(notice)
+        except Exception as error:  # the stored events bring the same tokens
+            log.warning("unreadable live notice", error=repr(error))
+            return
+        for queue in queues:
+            _offer(queue, pieces)
+
     def _send_all(self, notice: Notice) -> None:
         for queues in self._subscribers.values():
             for queue in queues:
@@ -94,15 +118,19 @@ class RunFeed:
             _offer(queue, None)
 
     @contextlib.contextmanager
-    def subscribe(self, run_id: str) -> Iterator[asyncio.Queue[Notice]]:
+    def subscribe(self, run_id: str, *, live: bool = False) -> Iterator[asyncio.Queue[Notice]]:
+        """A queue of the run's notices (and its live pieces, with `live`)."""
         queue: asyncio.Queue[Notice] = asyncio.Queue(self.max_pending)
-        self._subscribers[run_id].add(queue)
+        groups = (self._subscribers, self._live) if live else (self._subscribers,)
+        for group in groups:
+            group[run_id].add(queue)
         try:
             yield queue
         finally:
-            self._subscribers[run_id].discard(queue)
-            if not self._subscribers[run_id]:
-                del self._subscribers[run_id]
+            for group in groups:
+                group[run_id].discard(queue)
+                if not group[run_id]:
+                    del group[run_id]
 
 
 def _offer(queue: asyncio.Queue[Notice], notice: Notice) -> None:
@@ -120,19 +148,21 @@ async def stream_events(
     store: EventStore,
     feed: RunFeed,
     run_id: str,
-    after_seq: int,
+    after: Position,
     stop_kinds: Collection[RunState],
     *,
     known: Sequence[StoredEvent] = (),
     stopped: Callable[[], bool] = lambda: False,
+    live: bool = False,
     poll_interval: float = 0.5,
     max_poll_interval: float = 2.0,
     max_listening_poll_interval: float = 15.0,
 ) -> AsyncIterator[StoredEvent]:
-    """Every event of `run_id` after `after_seq`, in order, until one of `stop_kinds`.
+    """Every event of `run_id` after `after`, in order, until one of `stop_kinds`; with
+    `live`, the run's tokens as they are made too (events with `live` set).
 
     Subscribed before the first read, so nothing committed in between is missed.
-    `known` are the events right after `after_seq` that the caller holds already (the
+    `known` are the events right after `after` that the caller holds already (the
     `queued` event of a run it has just admitted): they take the first read's place.
     A notice that went by before the subscription shows up as a gap in the next one, or
     as silence, and either sends the stream to the store.
@@ -146,26 +176,26 @@ async def stream_events(
     lost some other way, and a tenant's hundreds of streams on queued runs would
     otherwise cost everyone's queries.
     """
-    last = seen = after_seq
+    cursor = StreamCursor(after)
+    seen = after.seq
     wait = poll_interval
-    with feed.subscribe(run_id) as notices:
+    with feed.subscribe(run_id, live=live) as notices:
         while not stopped():
-            caught_up = list(known) or await store.read(run_id, after_seq=last)
+            caught_up = list(known) or await store.read(run_id, after_seq=cursor.seq)
             known = ()
             for stored in caught_up:
-                yield stored
-                last = stored.seq
+                for event in cursor.stored(stored):
+                    yield event
                 if stored.kind in stop_kinds:
                     return
-            if not caught_up and await _ended_before(store, run_id, last, stop_kinds):
+            if not caught_up and await _ended_before(store, run_id, cursor.seq, stop_kinds):
                 return
             longest = max_listening_poll_interval if feed.listening.is_set() else max_poll_interval
-            wait = poll_interval if last != seen else min(2 * wait, longest)
-            seen = last
-            async for stored in _live(notices, last, wait):
-                yield stored
-                last = stored.seq
-                if stored.kind in stop_kinds:
+            wait = poll_interval if cursor.seq != seen else min(2 * wait, longest)
+            seen = cursor.seq
+            async for event in _live(notices, cursor, wait):
+                yield event
+                if event.kind in stop_kinds and not event.live:
                     return
 
 
@@ -180,20 +210,25 @@ async def _ended_before(
 
 
 async def _live(
-    notices: asyncio.Queue[Notice], last: int, timeout: float
+    notices: asyncio.Queue[Notice], cursor: StreamCursor, timeout: float
 ) -> AsyncIterator[StoredEvent]:
-    """Events from notices while each is the next seq; returns to read the store."""
+    """Events from notices while each is the next seq, and live pieces; returns to read
+    the store."""
     while True:
         try:
-            events = await within(notices.get(), timeout)
+            notice = await within(notices.get(), timeout)
         except TimeoutError:
             return
-        if events is None:
+        if notice is None:
             return
-        for event in events:
-            if event.seq <= last:
+        if isinstance(notice, LivePieces):
+            for event in cursor.live(notice):
+                yield event
+            continue
+        for stored in notice:
+            if stored.seq <= cursor.seq:
                 continue  # already sent (read from the store meanwhile)
-            if event.seq != last + 1:
+            if stored.seq != cursor.seq + 1:
                 return  # a gap: the store fills it
-            yield event
-            last = event.seq
+            for event in cursor.stored(stored):
+                yield event

@@ -21,18 +21,22 @@ worker was lost is not in the run's record (at most one store interval of tokens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from services.core.runs import StoredEvent
+from services.core.runs import RunState, StoredEvent
 
 LIVE_CHANNEL = "tollgate_live"
 # PostgreSQL refuses a notice payload of 8000 bytes or more; a bigger piece is not sent
 # live (the stored event brings it).
 LIVE_NOTICE_MAX_BYTES = 7900
+# Live pieces a stream holds while an earlier one is missing; beyond, new ones are let go.
+MAX_AHEAD = 256
 _POSITION = re.compile(r"([0-9]{1,19})(?:\.([0-9]{1,19})\.([0-9]{1,19}))?")
 MAX_SEQ = 2**63 - 1
 
@@ -108,12 +112,113 @@ def cut(payload: Mapping[str, Any], tokens: int, chars: int) -> dict[str, Any]:
     return rest
 
 
-def live_notice(run_id: str, payloads: Sequence[Mapping[str, Any]]) -> str | None:
+@dataclass(frozen=True, slots=True)
+class LivePieces:
+    """A run's live pieces, as a worker published them: `streaming` payloads."""
+
+    run_id: str
+    tenant_id: str
+    pieces: list[dict[str, Any]]
+
+
+def split_at(event: StoredEvent, after: Position) -> list[tuple[StoredEvent, bool]]:
+    """`event` in parts, each with whether a client standing at `after` lacks it. A
+    stream replayed from a run's start builds its answer from every part, and sends
+    the frames of the parts the client lacks."""
+    if not event.live and event.seq <= after.seq:
+        return [(event, False)]
+    start, end = offset(event.payload), end_of(event.payload)
+    upto = (after.tokens, after.chars)
+    if event.kind != RunState.STREAMING or start is None or end is None or upto == (0, 0):
+        return [(event, True)]
+    if end <= upto:
+        return [(event, False)]
+    if start >= upto:
+        return [(event, True)]
+    head = dict(event.payload)
+    head["token_ids"] = list(event.payload.get("token_ids", ()))[: upto[0] - start[0]]
+    head["text"] = event.payload.get("text", "")[: upto[1] - start[1]]
+    if "logprobs" in head:
+        head["logprobs"] = list(head["logprobs"])[: upto[0] - start[0]]
+    head.pop("finish_reason", None)  # the rest ends the answer
+    return [
+        (dataclasses.replace(event, payload=head), False),
+        (dataclasses.replace(event, payload=cut(event.payload, *upto)), True),
+    ]
+
+
+def live_notice(run_id: str, tenant_id: str, pieces: Sequence[Mapping[str, Any]]) -> str | None:
     """The notice carrying a run's live pieces; None when it would not fit."""
-    notice = f"{run_id} {json.dumps(payloads, separators=(',', ':'))}"
+    body = json.dumps({"tenant_id": tenant_id, "pieces": pieces}, separators=(",", ":"))
+    notice = f"{run_id} {body}"
     return notice if len(notice.encode()) <= LIVE_NOTICE_MAX_BYTES else None
 
 
-def parse_live_notice(notice: str) -> tuple[str, list[dict[str, Any]]]:
+def parse_live_notice(notice: str) -> LivePieces:
     run_id, _, body = notice.partition(" ")
-    return run_id, json.loads(body)
+    parsed = json.loads(body)
+    return LivePieces(run_id, parsed["tenant_id"], parsed["pieces"])
+
+
+class StreamCursor:
+    """Where one stream of a run stands, and what it sends next: each stored event once,
+    in seq order, cut of what the stream sent already, and each live piece that
+    continues what it sent (one from further on waits for those before it)."""
+
+    def __init__(self, after: Position) -> None:
+        self.seq = after.seq
+        # The run's output the client has (tokens, chars); None until a stored event says.
+        self.upto: tuple[int, int] | None = (
+            (after.tokens, after.chars) if after.tokens or after.chars or not after.seq else None
+        )
+        self._ahead: list[LivePieces] = []
+
+    def stored(self, event: StoredEvent) -> Iterator[StoredEvent]:
+        """What to send for the run's next stored event (seq `self.seq + 1`)."""
+        self.seq = event.seq
+        if event.kind != RunState.STREAMING:
+            yield event
+            return
+        end = end_of(event.payload)
+        if end is None:  # stored before payloads said where they start
+            self.upto = None
+            yield event
+            return
+        if self.upto is not None:
+            event = dataclasses.replace(event, payload=cut(event.payload, *self.upto))
+        self.upto = end if self.upto is None else max(self.upto, end)
+        yield event
+        yield from self._continued()
+
+    def live(self, pieces: LivePieces) -> Iterator[StoredEvent]:
+        """What to send of a run's live pieces."""
+        for piece in pieces.pieces:
+            start, end = offset(piece), end_of(piece)
+            if start is None or end is None:
+                continue
+            if self.upto is None or start > self.upto:
+                # Something before it is missing: the run's next stored event brings it.
+                if len(self._ahead) < MAX_AHEAD:
+                    self._ahead.append(LivePieces(pieces.run_id, pieces.tenant_id, [piece]))
+                continue
+            if end <= self.upto:
+                continue  # sent already
+            sent, self.upto = self.upto, end
+            yield self._live_event(pieces, cut(piece, *sent))
+
+    def _continued(self) -> Iterator[StoredEvent]:
+        """The pieces held back that now continue what was sent."""
+        ahead, self._ahead = self._ahead, []
+        for pieces in ahead:
+            yield from self.live(pieces)
+
+    def _live_event(self, pieces: LivePieces, payload: dict[str, Any]) -> StoredEvent:
+        return StoredEvent(
+            run_id=pieces.run_id,
+            seq=self.seq,
+            kind=RunState.STREAMING,
+            tenant_id=pieces.tenant_id,
+            payload=payload,
+            created_at=datetime.now(UTC),
+            live=True,
+        )

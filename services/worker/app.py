@@ -31,6 +31,7 @@ from services.core.server import bound_address, create_server, serve, set_servin
 from services.worker.appender import StepAppender
 from services.worker.core import WorkerCore
 from services.worker.engines import EngineSettings, engine_starter
+from services.worker.live import LivePublisher
 from services.worker.runs import AssignedRun
 from services.worker.servicer import WorkerServicer
 from services.worker.supervisor import EngineSupervisor
@@ -56,6 +57,9 @@ class WorkerSettings:
     scheduler_address: str
     drain_seconds: int
     events_per_second: float
+    # A run's `streaming` events are stored every so many tokens or seconds.
+    store_tokens: int
+    store_interval: float
     engine_niceness: int
 
     @classmethod
@@ -89,6 +93,8 @@ class WorkerSettings:
             scheduler_address=env_str("TOLLGATE_SCHEDULER_ADDRESS", ""),
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
             events_per_second=env_float("TOLLGATE_STREAM_EVENTS_PER_S", 100.0),
+            store_tokens=env_int("TOLLGATE_STORE_EVERY_TOKENS", 16),
+            store_interval=env_float("TOLLGATE_STORE_EVERY_S", 1.0),
             engine_niceness=engine_niceness(env_int("TOLLGATE_ENGINE_NICE", ENGINE_NICENESS)),
         )
 
@@ -206,11 +212,15 @@ async def main(settings: WorkerSettings) -> None:
     db = open_db(settings.common.database_url, pool_size=settings.common.db_pool_size)
     store = EventStore(db)
     runs: dict[str, AssignedRun] = {}
+    live = LivePublisher(settings.common.database_url)
     appender = StepAppender(
         store,
         runs,
         lambda run_id: core.engine.abort(run_id),
+        publish=live.publish,
         events_per_second=settings.events_per_second,
+        store_tokens=settings.store_tokens,
+        store_interval=settings.store_interval,
     )
 
     start_engine = engine_starter(
@@ -253,7 +263,7 @@ async def main(settings: WorkerSettings) -> None:
     )
     # No outbox relay here: the other services run one, and this process's event loop
     # should stay quick to append each step.
-    background = [appender.run(), supervisor.run()]
+    background = [appender.run(), live.run(), supervisor.run()]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", "") or advertised_address(address)

@@ -81,9 +81,9 @@ def step_events(
     tokens, chars = at
     for answer in _answers(outputs):
         token_ids = [token for output in answer for token in output.new_token_ids]
-        if not token_ids:
-            continue
         text = "".join(output.text_delta for output in answer)
+        if not token_ids and not text:
+            continue
         payload: dict[str, Any] = {"token_ids": token_ids, "text": text, "at": [tokens, chars]}
         tokens, chars = tokens + len(token_ids), chars + len(text)
         for name in ("logprobs", "prompt_logprobs"):
@@ -98,6 +98,12 @@ def step_events(
     if outputs and outputs[-1].finished:
         events.append(terminal_event(run, outputs[-1]))
     return events
+
+
+def output_end(at: tuple[int, int], outputs: Sequence[RequestOutput]) -> tuple[int, int]:
+    """Where a run's output stands (tokens, characters) after `outputs`, from `at`."""
+    tokens = sum(len(output.new_token_ids) for output in outputs)
+    return at[0] + tokens, at[1] + sum(len(output.text_delta) for output in outputs)
 
 
 def _answers(outputs: Sequence[RequestOutput]) -> list[list[RequestOutput]]:

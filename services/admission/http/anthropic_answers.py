@@ -22,6 +22,7 @@ from services.admission.http.responses import (
     sse_frame,
 )
 from services.core.errors import ApiError
+from services.core.live import event_id
 from services.core.runs import RunState, StoredEvent
 
 MESSAGES_PATH = "/v1/messages"
@@ -100,7 +101,7 @@ class Message:
         self.add(event)
         events = self._events(event)
         return [
-            sse_frame(data, event.seq if i == len(events) - 1 else None, str(data["type"]))
+            sse_frame(data, event_id(event) if i == len(events) - 1 else None, str(data["type"]))
             for i, data in enumerate(events)
         ]
 

@@ -46,7 +46,6 @@ from services.admission.http.responses import (
 )
 from services.admission.http.responses_routes import ResponsesApi
 from services.admission.http.sse import (
-    MAX_SEQ,
     resume_point,
     sse_response,
     until_disconnect,
@@ -64,6 +63,7 @@ from services.core.errors import (
     as_api_error,
     count_rejection,
 )
+from services.core.live import MAX_SEQ, Position, event_id
 from services.core.runs import StoredEvent
 from services.core.telemetry import bound_log_context
 
@@ -176,8 +176,10 @@ class HttpApi:
         principal = await self._principal(request)
         after = resume_point(last_event_id, starting_after)
         run = await get_visible_run(self.gateway.store, principal, run_id)
-        events = await self.gateway.follow(principal, run.run_id, after, until_terminal=False)
-        frames = (sse_frame(event_json(e), e.seq) async for e in events)
+        events = await self.gateway.follow(
+            principal, run.run_id, after, until_terminal=False, live=True
+        )
+        frames = (sse_frame(event_json(e), event_id(e)) async for e in events)
         return sse_response(frames, run.run_id)
 
     async def _principal(self, request: Request) -> Principal:
@@ -208,7 +210,9 @@ class HttpApi:
         started = await self.gateway.start(tenant_id, params, key_id)
         tokenizer = self.gateway.catalog.get(params.model).tokenizer
         completion = completion_for(params, started.run_id, body, tokenizer.token_bytes)
-        events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
+        events = await self.gateway.follow(
+            principal, started.run_id, Position(0), True, known=started.stored, live=body.stream
+        )
         if body.stream:
             return sse_response(
                 _completion_frames(events, completion), started.run_id, started.rate_limits

@@ -23,6 +23,7 @@ from services.admission.http.anthropic import (
 from services.admission.http.guard import Credentials
 from services.admission.http.sse import (
     resume_point,
+    resumed_frames,
     sse_response,
     until_disconnect,
     until_terminal,
@@ -31,6 +32,7 @@ from services.admission.http.sse import (
 from services.admission.requests import field_violations
 from services.core.auth import Principal, require_model
 from services.core.errors import InvalidArgument, NotFound
+from services.core.live import Position
 from services.core.telemetry import bound_log_context
 
 
@@ -64,9 +66,11 @@ class MessagesApi:
         message = anthropic_answers.Message(
             started.run_id, params.model, sampling.structure.calls_tools, sampling.stop
         )
-        events = await self.gateway.follow(principal, started.run_id, 0, True, known=started.stored)
+        events = await self.gateway.follow(
+            principal, started.run_id, Position(0), True, known=started.stored, live=body.stream
+        )
         if body.stream:
-            frames = (f async for e in events for f in message.frames(e) if e.seq > after)
+            frames = resumed_frames(events, after, message.frames)
             return sse_response(
                 frames, started.run_id, started.rate_limits, anthropic_answers.error_frame
             )

@@ -25,6 +25,7 @@ from services.core.errors import (
     QuotaExceeded,
     Unavailable,
 )
+from services.core.live import event_id
 from services.core.runs import RunState, RunView, StoredEvent
 from tollgate.structure import may_open_calls, tool_calls_of
 from tollgate.types import ToolCall
@@ -88,7 +89,8 @@ def http_error(error: ApiError, param_names: Mapping[str, str] | None = None) ->
     return HttpError(status, error_body(message, error_type, param, code), headers)
 
 
-def sse_frame(data: Mapping[str, Any], seq: int | None = None, event: str = "") -> bytes:
+def sse_frame(data: Mapping[str, Any], seq: int | str | None = None, event: str = "") -> bytes:
+    """An SSE frame; `seq` is its id: a stored event's seq, or a live event's position."""
     head = f"event: {event}\n" if event else ""
     head += f"id: {seq}\n" if seq is not None else ""
     return f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
@@ -172,7 +174,7 @@ class Completion:
     def frames(self, event: StoredEvent) -> list[bytes]:
         """The SSE frames `event` adds to the stream (none for most bookkeeping events)."""
         self.add(event)
-        seq = event.seq
+        seq = event_id(event)
         if event.kind == RunState.QUEUED:
             # A chat stream opens with the assistant's role, as OpenAI's does.
             if not self.chat:
@@ -374,6 +376,7 @@ def event_json(event: StoredEvent) -> dict[str, Any]:
         "state": state_name(event.kind),
         "tenant_id": event.tenant_id,
         "time": timestamp(event.created_at),
+        **({"live": True} if event.live else {}),
         str(event.kind): dict(event.payload),
     }
 

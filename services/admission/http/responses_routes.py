@@ -30,7 +30,7 @@ from services.admission.http.responses_api import (
     turn_of,
     with_ids,
 )
-from services.admission.http.sse import MAX_SEQ, sse_response, until_disconnect
+from services.admission.http.sse import sse_response, until_disconnect
 from services.admission.requests import ChatTurn
 from services.admission.response_store import (
     ResponseRecord,
@@ -41,6 +41,7 @@ from services.admission.response_store import (
 from services.admission.run_store import get_visible_run
 from services.core.auth import Principal, require_model
 from services.core.errors import FieldViolation, InvalidArgument, NotFound
+from services.core.live import MAX_SEQ, Position
 from services.core.runs import StoredEvent, is_terminal
 from services.core.validation import shown
 
@@ -100,7 +101,9 @@ class ResponsesApi:
             for event in known:
                 view.events(event)
             return JSONResponse(view.body(), headers=headers)
-        events = await self.gateway.follow(principal, run_id, 0, True, known=started.stored)
+        events = await self.gateway.follow(
+            principal, run_id, Position(0), True, known=started.stored
+        )
         if body.stream:
             return sse_response(_frames(events, view, -1), run_id, started.rate_limits)
         await until_disconnect(request, _fold(events, view))
@@ -120,7 +123,7 @@ class ResponsesApi:
         record, view, model = await self._load(principal, response_id)
         if not stream:
             return JSONResponse(view.body(), headers={"x-request-id": record.run_id})
-        events = await self.gateway.follow(principal, record.run_id, 0, True)
+        events = await self.gateway.follow(principal, record.run_id, Position(0), True)
         after = -1 if starting_after is None else starting_after
         return sse_response(_frames(events, ResponseView(record, model), after), record.run_id)
 

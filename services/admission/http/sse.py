@@ -5,7 +5,6 @@ routes, the Responses API and the Messages API share them."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -15,12 +14,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from services.admission.http.anthropic_answers import shaped_for
 from services.admission.http.responses import HttpError, http_error, run_failure, sse_frame
 from services.core.errors import ApiError, FieldViolation, InvalidArgument
+from services.core.live import Position, parse_position, split_at
 from services.core.runs import RunState, StoredEvent, is_terminal
 
 T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-MAX_SEQ = 2**63 - 1
-SEQ = re.compile(r"[0-9]{1,19}")
 
 
 class Folds(Protocol):
@@ -29,14 +27,32 @@ class Folds(Protocol):
     def add(self, event: StoredEvent) -> None: ...
 
 
-def resume_point(last_event_id: str | None, starting_after: int) -> int:
-    """The seq a stream goes on after: `Last-Event-ID`'s, else `starting_after`."""
+def resume_point(last_event_id: str | None, starting_after: int) -> Position:
+    """Where a stream goes on after: `Last-Event-ID` (an event's id: a seq, or a live
+    event's position), else `starting_after`."""
     if last_event_id is None:
-        return starting_after
-    # ASCII digits only: `isdigit()` passes superscripts, which int() refuses.
-    if SEQ.fullmatch(last_event_id.strip()) and int(last_event_id) <= MAX_SEQ:
-        return int(last_event_id)
-    raise InvalidArgument([FieldViolation("Last-Event-ID", "must be a seq (a whole number)")])
+        return Position(starting_after)
+    position = parse_position(last_event_id)
+    if position is None:
+        raise InvalidArgument(
+            [FieldViolation("Last-Event-ID", "must be an event's id: a seq, or seq.tokens.chars")]
+        )
+    return position
+
+
+async def resumed_frames(
+    events: AsyncIterator[StoredEvent],
+    after: Position,
+    frames: Callable[[StoredEvent], list[bytes]],
+) -> AsyncIterator[bytes]:
+    """The frames of a stream replayed from a run's start (its answer is built from
+    every event) that a client standing at `after` lacks."""
+    async for event in events:
+        for part, lacks in split_at(event, after):
+            made = frames(part)
+            if lacks:
+                for frame in made:
+                    yield frame
 
 
 async def until_terminal(events: AsyncIterator[StoredEvent], answer: Folds) -> StoredEvent:

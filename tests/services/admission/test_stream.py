@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from services.admission.stream import RunFeed, stream_events
 from services.core.db import EVENTS_CHANNEL, open_db
 from services.core.event_store import EventStore
+from services.core.live import LIVE_CHANNEL, Position
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.admission.worker_double import finish_run
 from tests.services.core.events import start_run, streaming
@@ -44,7 +45,7 @@ async def collect(store: EventStore, feed: RunFeed, run_id: str, poll_interval: 
         store,
         feed,
         run_id,
-        0,
+        Position(0),
         UNTIL_BILLED,
         poll_interval=poll_interval,
         max_poll_interval=poll_interval,
@@ -110,7 +111,7 @@ async def follow_holding(
 ) -> list[StoredEvent]:
     """The run's stream for a caller that holds its `queued` event; notices only."""
     events = stream_events(
-        store, feed, run_id, 0, UNTIL_BILLED, known=[queued], poll_interval=NO_POLLING
+        store, feed, run_id, Position(0), UNTIL_BILLED, known=[queued], poll_interval=NO_POLLING
     )
     return [event async for event in events]
 
@@ -174,7 +175,7 @@ async def test_a_feed_that_stops_listening_sends_its_streams_back_to_polling(
             store,
             feed,
             run_id,
-            0,
+            Position(0),
             UNTIL_BILLED,
             poll_interval=5.0,
             max_poll_interval=0.2,
@@ -203,7 +204,7 @@ async def end_listener(store: EventStore) -> None:
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE query = :listen AND datname = current_database()"
             ),
-            {"listen": f"LISTEN {EVENTS_CHANNEL}"},
+            {"listen": f"LISTEN {LIVE_CHANNEL}"},  # the feed's last statement
         )
     assert ended == 1
 
@@ -214,7 +215,7 @@ async def test_a_stream_of_an_ended_run_stops_at_its_last_event(
     feed = RunFeed(database_url)
     run_id = await start_run(store)
     await finish_run(store, run_id, [1], ["a"])
-    events = stream_events(store, feed, run_id, 5, UNTIL_BILLED, poll_interval=NO_POLLING)
+    events = stream_events(store, feed, run_id, Position(5), UNTIL_BILLED, poll_interval=NO_POLLING)
     assert [e.seq async for e in events] == []
     stored = await store.read(run_id)
     assert stored[-1].kind == RunState.BILLED and stored[-1].seq == 5
@@ -245,7 +246,9 @@ async def test_a_slow_stream_still_gets_every_event_in_order(
     feed = RunFeed(database_url, max_pending=2)
     run_id = await start_run(store)
     async with listening(feed):
-        events = stream_events(store, feed, run_id, 0, UNTIL_BILLED, poll_interval=NO_POLLING)
+        events = stream_events(
+            store, feed, run_id, Position(0), UNTIL_BILLED, poll_interval=NO_POLLING
+        )
         assert (await anext(events)).seq == 1
         await finish_run(store, run_id, list(range(30)), ["t"] * 30)  # read nothing meanwhile
         await asyncio.sleep(0.5)

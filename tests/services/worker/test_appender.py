@@ -26,10 +26,12 @@ async def test_steps_append_in_order_and_a_fenced_run_is_dropped(store: EventSto
     runs = {"a": await started_run(store, "a"), "b": await started_run(store, "b")}
     aborted: list[str] = []
     appender = StepAppender(store, runs, aborted.append)
-    await appender.append([out("a", 1), out("b", 1)])
+    appender.on_step([out("a", 1), out("b", 1)])
+    await appender.flush()
     # Another owner takes run b over: the worker's next append for it is refused.
     await store.acquire_lease("b", "worker-2")
-    await appender.append([out("a", 2, "length"), out("b", 2)])
+    appender.on_step([out("a", 2, "length"), out("b", 2)])
+    await appender.flush()
     assert [e.kind for e in await store.read("a")] == [
         "queued",
         "prefill",
@@ -212,9 +214,11 @@ async def test_watchers_hear_when_a_run_ends_and_not_before(store: EventStore) -
     runs = {"a": await started_run(store, "a"), "b": await started_run(store, "b")}
     appender = StepAppender(store, runs, lambda run_id: None)
     first, second = appender.watch_ended(), appender.watch_ended()
-    await appender.append([out("a", 1), out("b", 1)])
+    appender.on_step([out("a", 1), out("b", 1)])
+    await appender.flush()
     assert not first.is_set() and not second.is_set()  # tokens, no run ended
-    await appender.append([out("a", 2, "length")])
+    appender.on_step([out("a", 2, "length")])
+    await appender.flush()
     assert first.is_set() and second.is_set()
     first.clear()
     appender.drop("b")  # a dropped run frees its blocks as well
@@ -244,3 +248,90 @@ async def test_a_failed_append_tells_each_tenant_a_code_and_no_detail(store: Eve
         [*_, failed] = await store.read(run_id)
         assert failed.kind == RunState.FAILED
         assert failed.payload == {"code": "INTERNAL", "message": APPEND_FAILED}
+
+
+async def test_a_run_is_stored_every_so_many_tokens_and_each_step_goes_live_between(
+    store: EventStore,
+) -> None:
+    runs = {"a": await started_run(store, "a")}
+    live: list[tuple[str, list[dict[str, object]]]] = []
+    appender = StepAppender(
+        store,
+        runs,
+        lambda run_id: None,
+        publish=lambda run_id, tenant_id, pieces: live.append((run_id, list(pieces))),
+        min_interval=0.0,
+        store_tokens=4,
+        store_interval=60.0,
+    )
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.on_step([out("a", 1)])  # the first tokens: stored at once, not live
+        await wait_until(lambda: runs["a"].streamed)
+        for token in range(2, 11):
+            appender.on_step([out("a", token)])
+            await asyncio.sleep(0.01)
+        await wait_until(lambda: runs["a"].stored == (9, 9))
+        await asyncio.sleep(0.05)
+        assert runs["a"].pending == [out("a", 10)]  # under four tokens: not due yet
+        appender.on_step([out("a", 11, "length")])
+        await wait_until(lambda: not runs)
+    finally:
+        task.cancel()
+    stored = [
+        (e.kind, e.payload.get("token_ids"), e.payload.get("at")) for e in await store.read("a")
+    ]
+    assert stored[2:] == [
+        ("streaming", [1], [0, 0]),
+        ("streaming", [2, 3, 4, 5], [1, 1]),
+        ("streaming", [6, 7, 8, 9], [5, 5]),
+        ("streaming", [10, 11], [9, 9]),
+        ("completed", None, None),
+    ]
+    # Every step after the first went live at once, saying where its tokens start.
+    assert [(p["token_ids"], p["at"]) for _, [p] in live] == [
+        ([t], [t - 1, t - 1]) for t in range(2, 12)
+    ]
+
+
+async def test_a_slow_run_is_stored_once_its_oldest_pending_token_is_old_enough(
+    store: EventStore,
+) -> None:
+    runs = {"a": await started_run(store, "a")}
+    appender = StepAppender(
+        store, runs, lambda run_id: None, min_interval=0.0, store_tokens=100, store_interval=0.2
+    )
+    task = asyncio.create_task(appender.run())
+    try:
+        appender.on_step([out("a", 1)])
+        await wait_until(lambda: runs["a"].streamed)
+        appender.on_step([out("a", 2)])
+        await asyncio.sleep(0.05)
+        appender.on_step([out("a", 3)])
+        assert runs["a"].last_seq == 3  # neither due: too few tokens, not old enough
+        await wait_until(lambda: runs["a"].last_seq == 4, timeout=2.0)
+    finally:
+        task.cancel()
+    *_, last = await store.read("a")
+    assert last.payload["token_ids"] == [2, 3]
+
+
+async def test_tokens_made_while_the_first_are_stored_go_live_once_they_are(
+    store: EventStore,
+) -> None:
+    runs = {"a": await started_run(store, "a")}
+    live: list[list[dict[str, object]]] = []
+    appender = StepAppender(
+        store,
+        runs,
+        lambda run_id: None,
+        publish=lambda run_id, _, pieces: live.append(list(pieces)),
+    )
+    appender.on_step([out("a", 1)])
+    appender.on_step([out("a", 2)])  # before the first tokens are stored: not live yet
+    assert live == []
+    await appender._append_runs(["a"])  # stores both steps' tokens
+    assert live == []
+    appender.on_step([out("a", 3)])
+    appender.on_step([out("a", 4)])
+    assert [p["at"] for [p] in live] == [[2, 2], [3, 3]]
