@@ -14,6 +14,7 @@ from services.core.auth import Principal, require_model
 from services.core.codec import to_proto
 from services.core.errors import InvalidArgument
 from services.core.grpc_errors import rpc_errors
+from services.core.live import Position
 from services.core.telemetry import bound_log_context
 from services.core.validation import seq_violation
 from tollgate.v1 import events_pb2, gateway_pb2, gateway_pb2_grpc
@@ -40,7 +41,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             await context.send_initial_metadata(tuple(started.rate_limits.items()))
         with bound_log_context(run_id=started.run_id, tenant_id=tenant_id):
             events = await self.gateway.follow(
-                principal, started.run_id, 0, params.until_terminal, known=started.stored
+                principal,
+                started.run_id,
+                Position(0),
+                params.until_terminal,
+                known=started.stored,
+                live=request.live,
             )
             async for event in events:
                 yield to_proto(event)
@@ -54,9 +60,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if too_far is not None:
             raise InvalidArgument([too_far])
         run = await get_visible_run(self.gateway.store, principal, request.run_id)
+        after = Position(request.starting_after, request.after_tokens, request.after_chars)
         with bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
             events = await self.gateway.follow(
-                principal, run.run_id, request.starting_after, request.until_terminal
+                principal, run.run_id, after, request.until_terminal, live=request.live
             )
             async for event in events:
                 yield to_proto(event)
