@@ -106,6 +106,7 @@ def event_of(message: events_pb2.RunEvent) -> RunEvent:
         kind=kind,
         tenant_id=message.tenant_id,
         time=to_datetime(message.time, message.HasField("time")),
+        live=message.live,
     )
     return _with_kind_fields(base, message)
 
@@ -135,6 +136,7 @@ def _with_kind_fields(base: RunEvent, message: events_pb2.RunEvent) -> RunEvent:
             prompt_logprobs=tuple(token_logprob_of(x) for x in s.prompt_logprobs),
             index=s.index,
             finish_reason=s.finish_reason,
+            at=(s.at[0], s.at[1]) if len(s.at) == 2 else None,
         )
     if kind == "completed":
         c = message.completed
