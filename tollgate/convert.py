@@ -370,6 +370,8 @@ def generate_request(
         priority=PRIORITIES[priority],
         idempotency_key=idempotency_key or str(uuid.uuid4()),
         until_terminal=until_terminal,
+        # The stream tracker places live events by where their tokens start.
+        live=True,
     )
     if disconnect_grace is not None:
         request.disconnect_grace.CopyFrom(to_duration(disconnect_grace))
