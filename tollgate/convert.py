@@ -106,6 +106,7 @@ def event_of(message: events_pb2.RunEvent) -> RunEvent:
         kind=kind,
         tenant_id=message.tenant_id,
         time=to_datetime(message.time, message.HasField("time")),
+        live=message.live,
     )
     return _with_kind_fields(base, message)
 
@@ -135,6 +136,7 @@ def _with_kind_fields(base: RunEvent, message: events_pb2.RunEvent) -> RunEvent:
             prompt_logprobs=tuple(token_logprob_of(x) for x in s.prompt_logprobs),
             index=s.index,
             finish_reason=s.finish_reason,
+            at=(s.at[0], s.at[1]) if len(s.at) == 2 else None,
         )
     if kind == "completed":
         c = message.completed
@@ -368,6 +370,8 @@ def generate_request(
         priority=PRIORITIES[priority],
         idempotency_key=idempotency_key or str(uuid.uuid4()),
         until_terminal=until_terminal,
+        # The stream tracker places live events by where their tokens start.
+        live=True,
     )
     if disconnect_grace is not None:
         request.disconnect_grace.CopyFrom(to_duration(disconnect_grace))

@@ -151,15 +151,26 @@ class IdempotencyKeyReusedError(FailedPreconditionError):
 
 
 class StreamGapError(TollgateError):
-    """A run's events arrived with a gap in `seq` that reconnecting did not fill."""
+    """A run's events arrived with a gap that reconnecting did not fill: in `seq`, or in
+    the run's output (`expected_at`, `got_at`: tokens and characters of text before)."""
 
-    def __init__(self, run_id: str, expected_seq: int, got_seq: int) -> None:
-        super().__init__(
-            "DATA_LOSS", f"run {run_id}: expected event seq {expected_seq}, got {got_seq}"
-        )
+    def __init__(
+        self,
+        run_id: str,
+        expected_seq: int,
+        got_seq: int,
+        expected_at: tuple[int, int] | None = None,
+        got_at: tuple[int, int] | None = None,
+    ) -> None:
+        where = f"event seq {expected_seq}, got {got_seq}"
+        if expected_at is not None:
+            where = f"output from {expected_at} after event seq {expected_seq}, got {got_at}"
+        super().__init__("DATA_LOSS", f"run {run_id}: expected {where}")
         self.run_id = run_id
         self.expected_seq = expected_seq
         self.got_seq = got_seq
+        self.expected_at = expected_at
+        self.got_at = got_at
 
 
 class RunFailedError(TollgateError):

@@ -5,6 +5,10 @@ outcome, and says which call continues the stream: Generate again with the same
 request (same idempotency key, so it attaches to the same run) while no event has
 arrived, else StreamRun after the last seq seen. `Backoff` decides how long to
 wait before the next attempt, and when to give up.
+
+Live events (tokens not stored yet) repeat the last stored event's seq; the tracker
+places them by where their tokens start in the run's output (`RunEvent.at`), and
+resumes from the last stored seq plus the output it has beyond it.
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ class StreamTracker:
         self.request = request
         self.run_id = run_id
         self.last_seq = starting_after
+        # Where the stream stands in the run's output (tokens, characters of text): the
+        # end of the last streaming payload accepted. None while unknown: a stream
+        # started after some seq, or a server whose payloads do not say where they start.
+        self.output: tuple[int, int] | None = (0, 0) if starting_after == 0 else None
         self.until_terminal = until_terminal
         self.state: str | None = None
         self.usage: Usage | None = None
@@ -111,21 +119,50 @@ class StreamTracker:
         return self._done
 
     def accept(self, event: RunEvent) -> bool:
-        """Records `event`; False for a duplicate. Raises StreamGapError on a gap."""
+        """Records `event`; False for a duplicate. Raises StreamGapError on a gap: a
+        stored event after the next seq, or output that does not continue what was seen."""
         if self.run_id is None:
             self.run_id = event.run_id
         elif event.run_id != self.run_id:
             raise TollgateError(
                 "DATA_LOSS", f"event of run {event.run_id} on the stream of {self.run_id}"
             )
+        is_new = self._is_new_live(event) if event.live else self._is_new_stored(event)
+        if is_new:
+            self._record(event)
+        return is_new
+
+    def _is_new_stored(self, event: RunEvent) -> bool:
         if event.seq <= self.last_seq:
             return False
         if event.seq != self.last_seq + 1:
-            raise StreamGapError(self.run_id, self.last_seq + 1, event.seq)
-        self._record(event)
-        return True
+            raise self._gap(event, self.last_seq + 1)
+        if event.at is None or self.output is None or event.at == self.output:
+            return True
+        # Cut to nothing: the stream had sent all of its tokens live.
+        if _is_empty(event) and _at_or_before(event.at, self.output):
+            return True
+        raise self._gap(event, self.last_seq, self.output or (0, 0))
+
+    def _is_new_live(self, event: RunEvent) -> bool:
+        if event.seq > self.last_seq:
+            raise self._gap(event, self.last_seq + 1)
+        if event.at is None:
+            raise self._gap(event, self.last_seq, self.output or (0, 0))
+        if self.output is not None and _at_or_before(_end_of(event, event.at), self.output):
+            return False
+        if event.seq == self.last_seq and self.output in (None, event.at):
+            return True
+        raise self._gap(event, self.last_seq, self.output or (0, 0))
+
+    def _gap(
+        self, event: RunEvent, expected_seq: int, expected_at: tuple[int, int] | None = None
+    ) -> StreamGapError:
+        assert self.run_id is not None  # accept sets it first
+        return StreamGapError(self.run_id, expected_seq, event.seq, expected_at, event.at)
 
     def _record(self, event: RunEvent) -> None:
+        self._advance_output(event)
         self.last_seq = event.seq
         self.last_event = event
         self.state = event.state
@@ -141,6 +178,14 @@ class StreamTracker:
             self.terminal = event
         if event.is_final or (event.is_terminal and self.until_terminal):
             self._done = True
+
+    def _advance_output(self, event: RunEvent) -> None:
+        if event.kind != "streaming":
+            return
+        if event.at is None:
+            self.output = None
+        elif self.output is None or event.at == self.output:
+            self.output = _end_of(event, event.at)
 
     def ended_cleanly(self) -> bool:
         """The server closed the stream with OK: done if the run has ended, else resume."""
@@ -158,11 +203,15 @@ class StreamTracker:
     def next_call(self) -> NextCall:
         if self.run_id is None:
             return NextCall(generate=self.request)
+        tokens, chars = self.output or (0, 0)
         return NextCall(
             stream_run=gateway_pb2.StreamRunRequest(
                 run_id=self.run_id,
                 starting_after=self.last_seq,
+                after_tokens=tokens,
+                after_chars=chars,
                 until_terminal=self.until_terminal,
+                live=True,
             )
         )
 
@@ -174,6 +223,18 @@ class StreamTracker:
         if end.kind == "failed":
             raise RunFailedError(end.run_id, end.error_code, end.error_message or end.error_code)
         raise RunCancelledError(end.run_id, end.cancel_reason)
+
+
+def _end_of(event: RunEvent, at: tuple[int, int]) -> tuple[int, int]:
+    return at[0] + len(event.token_ids), at[1] + len(event.text)
+
+
+def _at_or_before(point: tuple[int, int], other: tuple[int, int]) -> bool:
+    return point[0] <= other[0] and point[1] <= other[1]
+
+
+def _is_empty(event: RunEvent) -> bool:
+    return not event.token_ids and not event.text
 
 
 class Backoff:

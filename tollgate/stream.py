@@ -29,10 +29,12 @@ Opener = Callable[[NextCall], Any]
 class Stream:
     """Iterates a run's events exactly once each, in seq order, reconnecting as needed.
 
-    A broken connection is resumed transparently: with StreamRun after the last
-    seq seen once the run id is known, else with Generate again under the same
-    idempotency key. `text`, `logprobs`, `usage`, `finish_reason` and `state`
-    accumulate as events go by. Use it as a context manager, or close it, to stop early.
+    Tokens come as they are made, in `live` events that repeat the last stored seq;
+    the stored event that later holds them comes cut to what was not sent, so each
+    token's text comes once. A broken connection is resumed transparently: with
+    StreamRun after the last seq and output seen once the run id is known, else with
+    Generate again under the same idempotency key. `text`, `logprobs`, `usage`,
+    `finish_reason` and `state` accumulate as events go by. Use it as a context manager, or close it, to stop early.
     """
 
     def __init__(

@@ -89,11 +89,18 @@ class RunEvent:
     * streaming: text (the UTF-8-safe delta), token_ids, logprobs (one per token when
       the run asked for them); with n > 1, index (the answer) and, on an answer's last
       tokens, finish_reason; on the first, prompt_logprobs (one per prompt token after
-      the first, when the run asked for them)
+      the first, when the run asked for them); at, where its tokens start among the
+      run's output over all answers (tokens, characters of text; None from a server
+      that does not say)
     * completed: finish_reason ("stop" | "length" | "stop_sequence"), usage, ttft_seconds
     * failed: error_code (e.g. "WORKER_LOST"), error_message, usage
     * cancelled: cancel_reason, usage
     * billed: amount_micros, currency, entries
+
+    A `live` event is a streaming one whose tokens are not stored yet: its `seq` is the
+    last stored event's, so several events share a seq. The stored event that later
+    holds those tokens comes cut to what the stream has not sent (possibly nothing):
+    each token's text arrives exactly once.
     """
 
     run_id: str
@@ -122,6 +129,8 @@ class RunEvent:
     amount_micros: int = 0
     currency: str = ""
     entries: tuple[LedgerEntry, ...] = ()
+    live: bool = False
+    at: tuple[int, int] | None = None
 
     @property
     def is_terminal(self) -> bool:

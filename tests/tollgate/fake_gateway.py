@@ -2,7 +2,9 @@
 
 Each run is a fixed list of events. `breaks` scripts how successive stream calls
 misbehave: abort with UNAVAILABLE after k events, end cleanly after k events,
-resend events already delivered, or skip one.
+resend events already delivered, or skip one. With `live`, a stream that asks for
+live events gets each piece but the first live before its stored event, as admission
+sends them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +74,10 @@ def script(
     *,
     end: str = "completed",
     request: events_pb2.GenerateRequest | None = None,
+    at: bool = False,
 ) -> list[events_pb2.RunEvent]:
     """queued, prefill, one streaming event per piece, the terminal event, billed.
+    With `at`, each streaming event says where its piece starts (one token a piece).
 
     `end="running"` stops after the streaming events: a run still going, to plant in
     `FakeGateway.runs` (Generate would leave its stream open forever).
@@ -93,6 +97,8 @@ def script(
     ]
     for i, piece in enumerate(pieces):
         streaming = events_pb2.Streaming(token_ids=[10 + i], text=piece)
+        if at:
+            streaming.at[:] = [i, sum(len(p) for p in pieces[:i])]
         if request.sampling.logprobs:
             streaming.logprobs.append(logprob_of(10 + i, request.sampling.top_logprobs))
         events.append(events_pb2.RunEvent(streaming=streaming))
@@ -176,6 +182,7 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     calls: list[tuple[str, Any, dict[str, str]]] = field(default_factory=list)
     delay: float = 0.0
     models: Sequence[gateway_pb2.Model] = (gateway_pb2.Model(name="tiny", context_length=2048),)
+    live: bool = False
 
     def _record(self, method: str, request: Any, context: Any) -> None:
         metadata = {k: v for k, v in context.invocation_metadata()}
@@ -197,26 +204,36 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
         if run_id is None:
             run_id = str(uuid.uuid4())
             self.keys[request.idempotency_key] = run_id
-            self.runs[run_id] = script(run_id, self.pieces, end=self.end, request=request)
-        async for event in self._send(run_id, 0, request.until_terminal, context):
+            self.runs[run_id] = script(
+                run_id, self.pieces, end=self.end, request=request, at=self.live
+            )
+        start = (0, 0, 0)
+        async for event in self._send(run_id, start, request.until_terminal, request.live, context):
             yield event
 
     @rpc_errors
     async def StreamRun(self, request: Any, context: Any) -> AsyncIterator[events_pb2.RunEvent]:
         self._record("StreamRun", request, context)
         self._known(request.run_id)
+        start = (request.starting_after, request.after_tokens, request.after_chars)
         async for event in self._send(
-            request.run_id, request.starting_after, request.until_terminal, context
+            request.run_id, start, request.until_terminal, request.live, context
         ):
             yield event
 
     async def _send(
-        self, run_id: str, after: int, until_terminal: bool, context: Any
+        self,
+        run_id: str,
+        after: tuple[int, int, int],
+        until_terminal: bool,
+        live: bool,
+        context: Any,
     ) -> AsyncIterator[events_pb2.RunEvent]:
         plan = self.breaks.popleft() if self.breaks else None
-        start = max(after - (plan.replay if plan else 0), 0)
+        start = max(after[0] - (plan.replay if plan else 0), 0)
         sent = 0
-        for event in self.runs[run_id][start:]:
+        stored = self.runs[run_id][start:]
+        for event in as_sent(stored, (after[1], after[2]), live and self.live):
             if plan is not None and sent == plan.after:
                 await _break(context, plan)
                 return
@@ -269,6 +286,41 @@ class FakeGateway(gateway_pb2_grpc.GatewayServiceServicer):
     async def ListModels(self, request: Any, context: Any) -> gateway_pb2.ListModelsResponse:
         self._record("ListModels", request, context)
         return gateway_pb2.ListModelsResponse(models=self.models)
+
+
+def as_sent(
+    events: Iterable[events_pb2.RunEvent], output: tuple[int, int], live: bool
+) -> Iterator[events_pb2.RunEvent]:
+    """`events` as admission sends them to a stream that has the run's output up to
+    `output`: with `live`, each piece but the first comes live first, under the seq
+    before it; a stored piece the stream already has comes cut to nothing."""
+    for event in events:
+        at = tuple(event.streaming.at)
+        if len(at) != 2:
+            yield event
+            continue
+        end = (at[0] + len(event.streaming.token_ids), at[1] + len(event.streaming.text))
+        if live and at[0] > 0 and at == output:
+            yield _live_copy(event)
+            output = end
+        yield _cut_to_nothing(event, end) if end <= output else event
+        output = max(output, end)
+
+
+def _live_copy(event: events_pb2.RunEvent) -> events_pb2.RunEvent:
+    copy = events_pb2.RunEvent()
+    copy.CopyFrom(event)
+    copy.seq, copy.live = event.seq - 1, True
+    return copy
+
+
+def _cut_to_nothing(event: events_pb2.RunEvent, end: tuple[int, int]) -> events_pb2.RunEvent:
+    cut = events_pb2.RunEvent()
+    cut.CopyFrom(event)
+    for name in ("token_ids", "text", "logprobs"):
+        cut.streaming.ClearField(name)
+    cut.streaming.at[:] = end
+    return cut
 
 
 async def _break(context: Any, plan: Break) -> None:

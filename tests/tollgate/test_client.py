@@ -94,6 +94,25 @@ async def test_resume_asks_after_the_last_seq_seen(fake: FakeServer) -> None:
     assert resume.starting_after == 3
 
 
+async def test_live_tokens_come_once_across_a_break(fake: FakeServer) -> None:
+    fake.gateway.live = True
+    # queued, prefill, "Hel", then "lo" live: the stream breaks before seq 4.
+    fake.gateway.breaks = deque([Break(after=4)])
+
+    def run() -> tuple[list[tuple[int, bool, str]], str]:
+        with client(fake) as c, c.generate("hi", model="tiny") as stream:
+            return [(e.seq, e.live, e.text) for e in stream], stream.text
+
+    events, text = await asyncio.to_thread(run)
+    assert text == "".join(t for _, _, t in events) == "Hello, world"
+    assert [seq for seq, live, _ in events if not live] == ALL_SEQS
+    assert [seq for seq, live, _ in events if live] == [3, 4, 5, 6]
+    [generate] = [r for m, r, _ in fake.gateway.calls if m == "Generate"]
+    [resume] = [r for m, r, _ in fake.gateway.calls if m == "StreamRun"]
+    assert generate.live and resume.live
+    assert (resume.starting_after, resume.after_tokens, resume.after_chars) == (3, 2, 5)
+
+
 async def test_a_break_before_the_first_event_retries_generate_with_the_same_key(
     fake: FakeServer,
 ) -> None:

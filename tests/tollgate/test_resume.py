@@ -103,6 +103,116 @@ def test_outcomes() -> None:
         cancelled.raise_for_outcome()
 
 
+def piece(seq: int, text: str, at: tuple[int, int], live: bool = False) -> RunEvent:
+    """A streaming event of one token per two characters of `text`."""
+    tokens = tuple(range(len(text) // 2 or 1)) if text else ()
+    return RunEvent(
+        "r1", seq, "streaming", "streaming", text=text, token_ids=tokens, at=at, live=live
+    )
+
+
+def marker(seq: int, kind: str) -> RunEvent:
+    return RunEvent("r1", seq, kind, kind)
+
+
+def live_stream() -> list[RunEvent]:
+    """A run whose tokens came live, then stored, and each stored event cut to what the
+    stream had not sent: all of it for seq 4, the last two characters' token for seq 5."""
+    return [
+        marker(1, "queued"),
+        marker(2, "prefill"),
+        piece(3, "Hel", (0, 0)),
+        piece(3, "lo", (1, 3), live=True),
+        piece(3, ", ", (2, 5), live=True),
+        piece(4, "", (3, 7)),
+        piece(4, "wor", (3, 7), live=True),
+        piece(5, "ld", (4, 10)),
+        marker(6, "completed"),
+        marker(7, "billed"),
+    ]
+
+
+def test_live_and_stored_events_give_each_tokens_text_once() -> None:
+    tracker = generate_tracker()
+    assert [tracker.accept(e) for e in live_stream()] == [True] * 10
+    assert tracker.text == "Hello, world"
+    assert (tracker.last_seq, tracker.output) == (7, (5, 12))
+    assert tracker.done
+
+
+def test_a_replayed_live_event_and_a_stored_event_cut_to_nothing_count_nothing_twice() -> None:
+    tracker = generate_tracker()
+    stream = live_stream()
+    for event in stream[:5]:
+        tracker.accept(event)
+    assert not tracker.accept(stream[3])  # "lo" again
+    assert not tracker.accept(piece(3, "Hel", (0, 0)))  # as stored, then seen live
+    assert tracker.accept(stream[5])  # seq 4, cut to nothing: seen, holds no text
+    assert not tracker.accept(stream[5])
+    assert not tracker.accept(stream[4])  # ", " live, from before seq 4
+    assert (tracker.text, tracker.last_seq, tracker.output) == ("Hello, ", 4, (3, 7))
+
+
+def test_a_resume_after_live_events_asks_for_the_output_beyond_the_last_stored_seq() -> None:
+    tracker = generate_tracker()
+    for event in live_stream()[:7]:
+        tracker.accept(event)
+    call = tracker.next_call().stream_run
+    assert call is not None and call.live
+    position = (call.starting_after, call.after_tokens, call.after_chars)
+    assert position == (4, 4, 10)
+
+
+def test_generate_asks_for_live_events() -> None:
+    call = generate_tracker().next_call().generate
+    assert call is not None and call.live
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        piece(3, "wor", (3, 7), live=True),  # after ", ", which did not come
+        piece(3, "lo", (1, 4), live=True),  # the right token, the wrong character
+        piece(4, "lo", (1, 3), live=True),  # after a stored seq that did not come
+        piece(4, "lo, ", (0, 0)),  # stored, starting before what was seen
+        piece(4, "", (2, 6)),  # cut to nothing, beyond what was seen
+    ],
+    ids=[
+        "live-beyond",
+        "live-misplaced",
+        "live-after-a-missing-seq",
+        "stored-overlap",
+        "stored-beyond",
+    ],
+)
+def test_output_that_does_not_continue_what_was_seen_is_a_gap(event: RunEvent) -> None:
+    tracker = generate_tracker()
+    for seen in live_stream()[:3]:
+        tracker.accept(seen)
+    with pytest.raises(StreamGapError) as caught:
+        tracker.accept(event)
+    assert caught.value.run_id == "r1" and is_resumable(caught.value)
+    assert (tracker.text, tracker.output) == ("Hel", (1, 3))
+
+
+def test_events_that_do_not_say_where_their_tokens_start_resume_by_seq_alone() -> None:
+    tracker = generate_tracker()
+    for event in events(("Hel", "lo"))[:4]:
+        assert tracker.accept(event)
+    assert (tracker.text, tracker.output) == ("Hello", None)
+    call = tracker.next_call().stream_run
+    assert call is not None
+    assert (call.starting_after, call.after_tokens, call.after_chars) == (4, 0, 0)
+
+
+def test_a_stream_started_after_a_seq_takes_its_position_from_the_first_piece() -> None:
+    tracker = StreamTracker(run_id="r1", starting_after=4)
+    assert tracker.output is None
+    assert tracker.accept(piece(4, "wor", (3, 7), live=True))
+    assert tracker.accept(piece(5, "ld", (4, 10)))
+    assert (tracker.text, tracker.output) == ("world", (5, 12))
+
+
 def unavailable(retry_after: float | None = None) -> UnavailableError:
     error = UnavailableError("UNAVAILABLE", "x", [], grpc.StatusCode.UNAVAILABLE)
     if retry_after is not None:

@@ -60,13 +60,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if too_far is not None:
             raise InvalidArgument([too_far])
         run = await get_visible_run(self.gateway.store, principal, request.run_id)
+        after = Position(request.starting_after, request.after_tokens, request.after_chars)
         with bound_log_context(run_id=run.run_id, tenant_id=run.tenant_id):
             events = await self.gateway.follow(
-                principal,
-                run.run_id,
-                Position(request.starting_after, request.after_tokens, request.after_chars),
-                request.until_terminal,
-                live=request.live,
+                principal, run.run_id, after, request.until_terminal, live=request.live
             )
             async for event in events:
                 yield to_proto(event)
