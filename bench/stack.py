@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import sys
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ from bench.stack_http import report_fronts, run_fronts
 from bench.stack_report import IDLE_SECONDS, Targets, check_tokens, idle_cpu, report, summary
 from bench.stack_sides import (
     SideResult,
+    events_per_run,
     make_stack_workload,
     run_inprocess,
     run_stack,
@@ -121,7 +123,10 @@ def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         for concurrency, work in works.items():
             progress(f"stack: {concurrency} streams of {args.max_tokens} tokens{waves}")
             run_side = run_stack(running.gateway, running.api_key, work)
-            stack[concurrency] = asyncio.run(asyncio.wait_for(run_side, args.timeout))
+            before = running.stored_counts()
+            side = asyncio.run(asyncio.wait_for(run_side, args.timeout))
+            stored = events_per_run(before, running.stored_counts())
+            stack[concurrency] = dataclasses.replace(side, events_per_run=stored)
             check_tokens(stack[concurrency], work)
             progress(f"stack: {stack[concurrency].tokens_per_second:,.1f} output tokens/s")
     targets = Targets(THROUGHPUT_TARGET, ADDED_TTFT_P50_TARGET_MS)

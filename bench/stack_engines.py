@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -47,6 +48,7 @@ from bench.stack_report import (
     idle_cpu,
     parts,
     report,
+    stored_events_line,
     summary,
 )
 from bench.stack_sides import (
@@ -55,6 +57,7 @@ from bench.stack_sides import (
     RequestTiming,
     SideResult,
     StackWorkload,
+    events_per_run,
     greedy,
     make_stack_workload,
     run_stack,
@@ -269,7 +272,10 @@ def bench_sim(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         for rate, work in works.items():
             progress(f"sim {rate} tokens/s: {describe(work)}")
             run = run_stack(running.gateway, api_key, work)
-            sides[rate] = asyncio.run(asyncio.wait_for(run, args.timeout))
+            before = running.stored_counts()
+            side = asyncio.run(asyncio.wait_for(run, args.timeout))
+            stored = events_per_run(before, running.stored_counts())
+            sides[rate] = dataclasses.replace(side, events_per_run=stored)
             check_tokens(sides[rate], work)
             progress(f"sim {rate}: {sides[rate].tokens_per_second:,.1f} output tokens/s")
     figures = {rate: sim_figures(rate, works[rate], side) for rate, side in sides.items()}
@@ -304,6 +310,7 @@ def sim_figures(rate: int, work: StackWorkload, side: SideResult) -> dict[str, A
         "ttft_p50_ms": round(side.ttft_ms(50), 2),
         "ttft_p99_ms": round(side.ttft_ms(99), 2),
         "billed_p50_ms": round(side.billed_ms(50), 2),
+        "stored_events_per_run": side.events_per_run,
         "worker_cpu_ms_per_run": round(worker, 2),
         "worker_cpu_us_per_token": round(1000 * worker * runs / tokens, 1),
         "other_services_cpu_ms_per_run": round(services, 2),
@@ -331,4 +338,5 @@ def report_sim(figures: dict[int, dict[str, Any]], sides: dict[int, SideResult])
     for rate, f in figures.items():
         others = parts(f["other_services_cpu_ms_per_run_by_role"], "ms")
         print(f"sim {rate}: the other services' CPU per run: {others}")
+        print(f"sim {rate}: {stored_events_line(f['stored_events_per_run'], f['max_tokens'])}")
         print(f"CPU seconds, sim {rate}: {sides[rate].cpu.describe()}")

@@ -85,6 +85,7 @@ def report(
         f"{sum(per_run.values()):.1f} ms ({parts(per_run, 'ms')}); idle: "
         f"{sum(idle_percent.values()):.1f}% of a core ({parts(idle_percent, '%')})"
     )
+    print(stored_events_line(stack.events_per_run, work.max_tokens))
     same = sum(a.token_ids == b.token_ids for a, b in zip(base.timings, stack.timings, strict=True))
     return {
         "model": model,
@@ -108,12 +109,17 @@ def report(
         f"{key}_cpu_busy": round(base.cpu.busy_fraction, 3),
         "stack_cpu_busy": round(stack.cpu.busy_fraction, 3),
         "service_cpu_ms_per_run": round(sum(per_run.values()), 2),
+        "stored_events_per_run": stack.events_per_run,
         "service_cpu_ms_per_run_by_role": per_run,
         "idle_cpu_percent_of_a_core": round(sum(idle_percent.values()), 2),
         "idle_cpu_percent_by_role": idle_percent,
         "meets_throughput_target": ratio >= targets.throughput,
         "meets_ttft_target": added_p50 <= targets.added_ttft_p50_ms,
     }
+
+
+def stored_events_line(per_run: float, max_tokens: int) -> str:
+    return f"stored events per run: {per_run:.2f} (target <= 4 + tokens / 16 = {4 + max_tokens / 16:g})"
 
 
 def summary(model: str, reports: dict[int, dict[str, Any]]) -> dict[str, Any]:

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from bench.cpu import CpuWindow, combined
 from bench.report import logs_to_stderr, percentile, progress
 from engine.config import EngineConfig
 from engine.process_engine import ProcessEngine
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
+from services.core.db import libpq_url
 from services.stack.infra import LocalInfra
 from services.stack.launcher import Services, StackConfig
 from tollgate import AdminClient, AsyncClient
@@ -110,6 +113,8 @@ class SideResult:
     name: str
     rounds: list[list[RequestTiming]]
     cpu: CpuWindow
+    # Events the stack stored per run (0: not counted, as for a side without a store).
+    events_per_run: float = 0.0
 
     @property
     def timings(self) -> list[RequestTiming]:
@@ -267,6 +272,23 @@ class RunningStack:
     http: str
     api_key: str
     admin_token: str
+    database_url: str
+
+    def stored_counts(self) -> tuple[int, int]:
+        """How many events and runs the stack's database holds (all of them billed once
+        a workload's runs are)."""
+        with psycopg.connect(libpq_url(self.database_url)) as conn:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM run_events), (SELECT count(*) FROM runs)"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+
+def events_per_run(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """Stored events per run of the runs added between two `stored_counts`."""
+    runs = after[1] - before[1]
+    return round((after[0] - before[0]) / runs, 2) if runs else 0.0
 
 
 @contextmanager
@@ -307,7 +329,13 @@ def running_stack(
             processes = services.start()
             admission = processes["admission"]
             key = tenant_key(admission.address, admin_token)
-            yield RunningStack(admission.address, admission.endpoints["http"], key, admin_token)
+            yield RunningStack(
+                admission.address,
+                admission.endpoints["http"],
+                key,
+                admin_token,
+                endpoints.database_url,
+            )
         except Exception:
             for process in services.processes.values():
                 progress(f"--- {process.name} log tail ---\n{process.log_tail()}")

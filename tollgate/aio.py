@@ -287,9 +287,11 @@ class AsyncClient(_AsyncBase):
             return stream.text
 
     def stream_run(
-        self, run_id: str, starting_after: int = 0, *, until_terminal: bool = False
+        self, run_id: str, starting_after: int | str = 0, *, until_terminal: bool = False
     ) -> AsyncStream:
-        """A run's events after seq `starting_after` (0 = all), live until it ends."""
+        """A run's events after `starting_after` (0 = all): a seq, or the `position` of
+        the last event a client has (a live event's says how far into its output), live
+        until the run ends."""
         tracker = StreamTracker(
             run_id=run_id, starting_after=starting_after, until_terminal=until_terminal
         )

@@ -61,6 +61,18 @@ class NextCall:
     stream_run: gateway_pb2.StreamRunRequest | None = None
 
 
+def parse_position(position: int | str) -> tuple[int, tuple[int, int] | None]:
+    """A seq, or an event's `position` (`seq.tokens.chars`): the seq and the output."""
+    if isinstance(position, int):
+        return position, None
+    parts = position.strip().split(".")
+    if len(parts) not in (1, 3) or not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"not a seq or an event's position: {position!r}")
+    if len(parts) == 1:
+        return int(parts[0]), None
+    return int(parts[0]), (int(parts[1]), int(parts[2]))
+
+
 class StreamTracker:
     """Dedupes and orders one run's events and accumulates what they say."""
 
@@ -69,18 +81,18 @@ class StreamTracker:
         *,
         request: events_pb2.GenerateRequest | None = None,
         run_id: str | None = None,
-        starting_after: int = 0,
+        starting_after: int | str = 0,
         until_terminal: bool = False,
     ) -> None:
         if (request is None) == (run_id is None):
             raise ValueError("give either a Generate request or a run id")
         self.request = request
         self.run_id = run_id
-        self.last_seq = starting_after
+        self.last_seq, output = parse_position(starting_after)
         # Where the stream stands in the run's output (tokens, characters of text): the
         # end of the last streaming payload accepted. None while unknown: a stream
         # started after some seq, or a server whose payloads do not say where they start.
-        self.output: tuple[int, int] | None = (0, 0) if starting_after == 0 else None
+        self.output: tuple[int, int] | None = output or ((0, 0) if self.last_seq == 0 else None)
         self.until_terminal = until_terminal
         self.state: str | None = None
         self.usage: Usage | None = None

@@ -138,6 +138,15 @@ class RunEvent:
         return self.kind in TERMINAL_STATES
 
     @property
+    def position(self) -> str:
+        """Where a client that has this event stands, for `stream_run(starting_after=...)`:
+        its seq, or for a live event `seq.tokens.chars` (the run's output up to its end),
+        as the HTTP API's event ids."""
+        if not self.live or self.at is None:
+            return str(self.seq)
+        return f"{self.seq}.{self.at[0] + len(self.token_ids)}.{self.at[1] + len(self.text)}"
+
+    @property
     def is_final(self) -> bool:
         """True for billed, always a run's last event."""
         return self.kind == FINAL_STATE

@@ -106,7 +106,8 @@ class Tenant:
                 idempotency_key=record.idempotency_key,
                 **request,  # type: ignore[arg-type]
             )
-        return self.client.stream_run(record.run_id, starting_after=record.last_seq)
+        position = record.events[-1].position if record.events else 0
+        return self.client.stream_run(record.run_id, starting_after=position)
 
     def follow(self, record: RunRecord, request: dict[str, object], plan: Plan) -> None:
         """Reads the run to `billed`, doing what `plan` says on the way."""

@@ -54,6 +54,11 @@ class Stack:
         return self.client(self.tenant_key(name))
 
 
+def stored_seqs(events: list[RunEvent]) -> list[int]:
+    """The seqs of the stored events among `events` (live ones repeat the last stored seq)."""
+    return [event.seq for event in events if not event.live]
+
+
 def start_streaming(
     client: Client, prompt: str, max_tokens: int
 ) -> tuple[list[RunEvent], Iterator[RunEvent]]:

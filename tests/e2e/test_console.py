@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from services.core.live import parse_position
 from tests.e2e.conftest import ADMIN_TOKEN, Stack
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -144,10 +145,12 @@ def test_a_tenant_watches_a_stream_resume_and_its_usage_grow(
     events = run_events(stack, key, run_id)
     streamed = [e for e in events if e["state"] == "RUN_STATE_STREAMING"]
     assert len(streamed) >= 3 and events[-1]["state"] == "RUN_STATE_BILLED"
-    # Exactly the run's text, each streaming event's piece once, in order.
+    # Exactly the run's text, each token's piece once, in order: the ids of the pieces
+    # shown (stored seqs, and positions of tokens sent before they were stored) go up.
     assert output.text_content() == "".join(e["streaming"]["text"] for e in streamed)
-    shown_seqs = [int(s) for s in (output.get_attribute("data-seqs") or "").split(",")]
-    assert shown_seqs == [e["seq"] for e in streamed if e["streaming"]["text"]]
+    shown = [parse_position(i) for i in (output.get_attribute("data-ids") or "").split(",")]
+    assert all(p is not None for p in shown)
+    assert shown == sorted(shown, key=lambda p: (p.seq, p.tokens))  # type: ignore[union-attr]
 
     page.wait_for_function(
         "document.querySelector('#usage').dataset.totalTokens !== '0'", timeout=30_000

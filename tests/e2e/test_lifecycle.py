@@ -14,7 +14,7 @@ import pytest
 
 from services.stack.flaky_link import FlakyLink
 from services.stack.infra import Endpoints
-from tests.e2e.conftest import INTERNAL, NUM_KV_BLOCKS, Stack, running_stack
+from tests.e2e.conftest import INTERNAL, NUM_KV_BLOCKS, Stack, running_stack, stored_seqs
 from tollgate import Client
 from tollgate.errors import (
     IdempotencyKeyReusedError,
@@ -54,7 +54,7 @@ def test_run_streams_to_completion_then_billed(stack: Stack) -> None:
     kinds = [e.kind for e in events]
     assert kinds[:2] == ["queued", "prefill"] and kinds[-2:] == ["completed", "billed"]
     assert set(kinds[2:-2]) == {"streaming"}
-    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert stored_seqs(events) == list(range(1, len(stored_seqs(events)) + 1))
     completed = events[-2]
     assert completed.usage is not None and completed.usage.output_tokens == sum(
         len(e.token_ids) for e in events
@@ -71,12 +71,21 @@ def test_run_streams_to_completion_then_billed(stack: Stack) -> None:
 def test_stream_run_replays_exactly_the_tail(stack: Stack) -> None:
     client = stack.tenant_client("acme")
     original = list(client.generate("replay me", model=MODEL, max_tokens=12, temperature=0))
-    last = original[-1].seq
+    run_id = original[0].run_id
+    stored = list(client.stream_run(run_id))  # the run has ended: nothing comes live
+    assert not any(e.live for e in stored)
+    assert "".join(e.text for e in stored) == "".join(e.text for e in original)
+    last = stored[-1].seq
     for after in (0, 1, 2, last // 2, last - 1, last):
-        tail = list(client.stream_run(original[0].run_id, starting_after=after))
+        tail = list(client.stream_run(run_id, starting_after=after))
         assert [(e.seq, e.kind, e.text) for e in tail] == [
-            (e.seq, e.kind, e.text) for e in original[after:]
+            (e.seq, e.kind, e.text) for e in stored[after:]
         ]
+    # From a token sent before it was stored: exactly the text after it.
+    for i, event in enumerate(original):
+        if event.live:
+            tail = list(client.stream_run(run_id, starting_after=event.position))
+            assert "".join(e.text for e in tail) == "".join(e.text for e in original[i + 1 :])
 
 
 def test_a_broken_stream_resumes_without_repeats_or_gaps(stack: Stack) -> None:
@@ -94,11 +103,12 @@ def test_a_broken_stream_resumes_without_repeats_or_gaps(stack: Stack) -> None:
                 cut_after.pop(0)
                 link.cut()
     assert link.num_cuts == 2
-    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert stored_seqs(events) == list(range(1, len(stored_seqs(events)) + 1))
     assert events[-1].kind == "billed"
     replay = list(direct.stream_run(events[0].run_id))
     assert "".join(e.text for e in events) == "".join(e.text for e in replay)
     assert sum(len(e.token_ids) for e in events) == 300
+    assert any(e.live for e in events)
 
 
 def test_idempotency_key_names_one_run_and_one_bill(stack: Stack) -> None:
@@ -106,7 +116,7 @@ def test_idempotency_key_names_one_run_and_one_bill(stack: Stack) -> None:
     first = list(client.generate("same", model=MODEL, max_tokens=8, idempotency_key="order-42"))
     again = list(client.generate("same", model=MODEL, max_tokens=8, idempotency_key="order-42"))
     assert again[0].run_id == first[0].run_id
-    assert [e.seq for e in again] == [e.seq for e in first]
+    assert stored_seqs(again) == stored_seqs(first)
     entries = list(client.iter_ledger_entries(run_id=first[0].run_id))
     assert Counter(e.billing_type for e in entries) == {
         "input_tokens": 1,
@@ -168,7 +178,7 @@ def test_twenty_concurrent_runs_from_three_tenants_are_billed_once(stack: Stack)
     assert len(results) == 20
     for i, events in results.items():
         assert events[-1].kind == "billed", i
-        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert stored_seqs(events) == list(range(1, len(stored_seqs(events)) + 1))
         entries = list(clients[i % 3].iter_ledger_entries(run_id=events[0].run_id))
         assert sorted(e.billing_type for e in entries) == [
             "cached_input_tokens",

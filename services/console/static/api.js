@@ -72,11 +72,11 @@ function parseFrame(block) {
 }
 
 // The run's events after `afterSeq`, until `billed` (or `signal` aborts): onEvent(event).
-export async function followRun(runId, afterSeq, onEvent, signal) {
+export async function followRun(runId, afterId, onEvent, signal) {
   const response = await call(`/v1/runs/${encodeURIComponent(runId)}/events`, {
-    headers: { "last-event-id": String(afterSeq) },
+    headers: { "last-event-id": String(afterId) },
     signal,
   });
   if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
-  await readSse(response, (frame) => onEvent(JSON.parse(frame.data)));
+  await readSse(response, (frame) => onEvent(JSON.parse(frame.data), frame.id));
 }

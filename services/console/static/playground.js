@@ -1,7 +1,9 @@
 // The playground: streams a chat completion and, when the connection drops, resumes from
 // the last event id it saw (`GET /v1/runs/{id}/events` with `Last-Event-ID`), so no token
-// is lost or shown twice. Every frame of the completion carries `id: <seq>`; the run id is
-// the answer's `x-request-id`.
+// is lost or shown twice. Every frame of the completion carries an id: the seq of a stored
+// event, or `seq.tokens.chars` for tokens sent before they were stored; the server leaves
+// out of a resumed stream what that id says the client has. The run id is the answer's
+// `x-request-id`.
 
 import { ApiError, call, followRun, json, readSse } from "./api.js";
 import { $, fill, h, money } from "./dom.js";
@@ -43,7 +45,7 @@ export class Playground {
       stream: true,
       ignore_eos: $("#pg-ignore-eos").checked,
     };
-    const run = { runId: null, lastSeq: 0, text: "", seqs: [], resumes: [], ended: null };
+    const run = { runId: null, lastId: "0", text: "", ids: [], resumes: [], ended: null };
     this.run = run;
     this.show();
     try {
@@ -76,14 +78,12 @@ export class Playground {
 
   completionFrame(run, frame) {
     if (frame.data === "[DONE]") return;
-    const seq = Number(frame.id);
-    if (seq <= run.lastSeq && frame.id !== null) return;
     const chunk = JSON.parse(frame.data);
-    if (frame.id !== null) run.lastSeq = seq;
+    if (frame.id !== null) run.lastId = frame.id;
     if (chunk.error) run.ended = chunk.error.code || "failed";
     for (const choice of chunk.choices || []) {
       const text = (choice.delta && choice.delta.content) || "";
-      if (text) this.append(run, seq, text);
+      if (text) this.append(run, run.lastId, text);
       if (choice.finish_reason) run.ended = choice.finish_reason;
     }
     this.show();
@@ -91,11 +91,12 @@ export class Playground {
 
   async resume(run) {
     if (run.resumes.length >= MAX_RESUMES) throw new Error("gave up resuming the stream");
-    if (run.resumes.length > 0 || !run.ended) run.resumes.push(run.lastSeq);
+    if (run.resumes.length > 0 || !run.ended) run.resumes.push(run.lastId);
     this.connection = new AbortController();
     this.show();
     try {
-      await followRun(run.runId, run.lastSeq, (event) => this.runEvent(run, event), this.connection.signal);
+      const onEvent = (event, id) => this.runEvent(run, event, id);
+      await followRun(run.runId, run.lastId, onEvent, this.connection.signal);
     } catch (error) {
       if (error instanceof ApiError) throw error;
       this.dropped(run, error);
@@ -103,20 +104,19 @@ export class Playground {
     }
   }
 
-  runEvent(run, event) {
-    if (event.seq <= run.lastSeq) return;
-    run.lastSeq = event.seq;
+  runEvent(run, event, id) {
+    run.lastId = id;
     if (event.state === "RUN_STATE_STREAMING" && event.streaming.text) {
-      this.append(run, event.seq, event.streaming.text);
+      this.append(run, id, event.streaming.text);
     }
     if (TERMINAL.has(event.state)) run.ended = event.state.replace("RUN_STATE_", "").toLowerCase();
     if (event.state === "RUN_STATE_BILLED") run.billed = event.billed;
     this.show();
   }
 
-  append(run, seq, text) {
+  append(run, id, text) {
     run.text += text;
-    run.seqs.push(seq);
+    run.ids.push(id);
   }
 
   dropped(run, error) {
@@ -129,12 +129,12 @@ export class Playground {
     if (!run) return;
     const output = $("#pg-output");
     output.textContent = run.text;
-    output.dataset.seqs = run.seqs.join(",");
+    output.dataset.ids = run.ids.join(",");
     output.dataset.runId = run.runId || "";
     const status = $("#pg-status");
     status.dataset.state = run.billed ? "billed" : run.error ? "error" : run.ended ? "ended" : "streaming";
     status.dataset.resumes = String(run.resumes.length);
-    const parts = [run.runId ? `run ${run.runId}` : "starting…", `last event ${run.lastSeq}`];
+    const parts = [run.runId ? `run ${run.runId}` : "starting…", `last event ${run.lastId}`];
     if (run.resumes.length) parts.push(`resumed from event ${run.resumes.join(", ")}`);
     if (run.ended) parts.push(`ended: ${run.ended}`);
     if (run.billed) parts.push(`billed ${money(Number(run.billed.amount_micros), run.billed.currency)}`);

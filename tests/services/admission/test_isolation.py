@@ -28,6 +28,7 @@ from services.core.auth import Principal, authenticate
 from services.core.db import open_db
 from services.core.errors import DATABASE_AWAY, QuotaExceeded, Unauthenticated, Unavailable
 from services.core.fleet import FleetView
+from services.core.live import Position
 from services.core.ratelimit import FAILURE_BURST, FailedAttempts
 from tests.services.admission.calls import count_runs, details, request
 from tests.services.admission.running import ADMIN_TOKEN, MODEL, Admission, auth
@@ -150,18 +151,18 @@ async def test_tenants_without_a_stream_quota_get_the_default(
     gateway = direct_gateway(admission, tiny_model_dir, max_concurrent_streams=1)
     started = await gateway.start(tenant_id, params("first"))
     events = await gateway.follow(
-        Principal(tenant_id), started.run_id, 0, False, known=started.stored
+        Principal(tenant_id), started.run_id, Position(0), False, known=started.stored
     )
     assert (await anext(events)).seq == 1
     with pytest.raises(QuotaExceeded) as refused:
-        await gateway.follow(Principal(tenant_id), started.run_id, 0, False)
+        await gateway.follow(Principal(tenant_id), started.run_id, Position(0), False)
     assert refused.value.reason == "STREAMS_LIMITED"
     with pytest.raises(QuotaExceeded):
         await gateway.start(tenant_id, params("second"))
     assert await count_runs(admission) == 1
     await events.aclose()
     assert gateway.streams.num_open(tenant_id) == 0
-    second = await gateway.follow(Principal(tenant_id), started.run_id, 0, False)
+    second = await gateway.follow(Principal(tenant_id), started.run_id, Position(0), False)
     assert (await anext(second)).seq == 1
     await second.aclose()
     await gateway.aclose()

@@ -43,9 +43,11 @@ async def complete_run(
     seq = run.last_seq
     await store.append(run_id, seq, [prefill], lease_epoch=epoch)
     seq += 1
+    made = (0, 0)
     for token, text in zip(tokens, texts, strict=True):
-        streaming = NewEvent(RunState.STREAMING, {"token_ids": [token], "text": text})
-        await store.append(run_id, seq, [streaming], lease_epoch=epoch)
+        payload = {"token_ids": [token], "text": text, "at": list(made)}
+        await store.append(run_id, seq, [NewEvent(RunState.STREAMING, payload)], lease_epoch=epoch)
+        made = (made[0] + 1, made[1] + len(text))
         seq += 1
     usage = worker_usage(len(queued.payload.get("prompt_token_ids", [])), len(tokens))
     completed = {"finish_reason": "length", "usage": usage, "ttft_seconds": 0.01}
