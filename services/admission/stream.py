@@ -29,7 +29,14 @@ from psycopg.conninfo import make_conninfo
 
 from services.core.db import EVENTS_CHANNEL, KEEPALIVES, Listener, libpq_url
 from services.core.event_store import EventStore, parse_notice
-from services.core.live import LIVE_CHANNEL, LivePieces, Position, StreamCursor, parse_live_notice
+from services.core.live import (
+    LIVE_CHANNEL,
+    LivePieces,
+    Position,
+    StreamCursor,
+    merged,
+    parse_live_notice,
+)
 from services.core.loop import within
 from services.core.runs import RunState, StoredEvent
 
@@ -213,18 +220,23 @@ async def _live(
     notices: asyncio.Queue[Notice], cursor: StreamCursor, timeout: float
 ) -> AsyncIterator[StoredEvent]:
     """Events from notices while each is the next seq, and live pieces; returns to read
-    the store."""
+    the store. Live pieces that piled up one after another go out as one event each run
+    of them makes (`merged`): a stream that fell behind catches up in fewer sends."""
     while True:
         try:
             notice = await within(notices.get(), timeout)
         except TimeoutError:
             return
+        if isinstance(notice, LivePieces):
+            pieces, after = _piled_up(notices, notice)
+            for event in cursor.live(merged(pieces)):
+                yield event
+            if after is _NOTHING:
+                continue
+            notice = after
         if notice is None:
             return
-        if isinstance(notice, LivePieces):
-            for event in cursor.live(notice):
-                yield event
-            continue
+        assert isinstance(notice, list)
         for stored in notice:
             if stored.seq <= cursor.seq:
                 continue  # already sent (read from the store meanwhile)
@@ -232,3 +244,19 @@ async def _live(
                 return  # a gap: the store fills it
             for event in cursor.stored(stored):
                 yield event
+
+
+# What `_piled_up` found after the live pieces when the queue held nothing else.
+_NOTHING: Notice = []
+
+
+def _piled_up(notices: asyncio.Queue[Notice], first: LivePieces) -> tuple[list[LivePieces], Notice]:
+    """`first` and the live pieces queued right behind it; and the notice taken after
+    them (`_NOTHING` when none was)."""
+    pieces = [first]
+    while not notices.empty():
+        notice = notices.get_nowait()
+        if not isinstance(notice, LivePieces):
+            return pieces, notice
+        pieces.append(notice)
+    return pieces, _NOTHING

@@ -147,6 +147,41 @@ def split_at(event: StoredEvent, after: Position) -> list[tuple[StoredEvent, boo
     ]
 
 
+def merged(pieces: Sequence[LivePieces]) -> LivePieces:
+    """Several notices' pieces of one run as few pieces as they make: each piece that
+    continues the one before (the same answer, which did not end there) joins it. A
+    stream that fell behind sends what piled up as one event."""
+    out: list[dict[str, Any]] = []
+    for piece in (p for notice in pieces for p in notice.pieces):
+        last = out[-1] if out else None
+        if last is not None and _continues(last, piece):
+            out[-1] = _joined(last, piece)
+        else:
+            out.append(piece)
+    return LivePieces(pieces[0].run_id, pieces[0].tenant_id, out)
+
+
+def _continues(first: Mapping[str, Any], then: Mapping[str, Any]) -> bool:
+    return (
+        end_of(first) == offset(then) is not None
+        and first.get("index", 0) == then.get("index", 0)
+        and "finish_reason" not in first
+        and "prompt_logprobs" not in then
+        and ("logprobs" in first) == ("logprobs" in then)
+    )
+
+
+def _joined(first: Mapping[str, Any], then: Mapping[str, Any]) -> dict[str, Any]:
+    joined = {**first, **then, "at": first["at"]}
+    joined["token_ids"] = [*first["token_ids"], *then["token_ids"]]
+    joined["text"] = first["text"] + then["text"]
+    if "logprobs" in first:
+        joined["logprobs"] = [*first["logprobs"], *then["logprobs"]]
+    if "prompt_logprobs" in first:
+        joined["prompt_logprobs"] = first["prompt_logprobs"]
+    return joined
+
+
 def live_notice(run_id: str, tenant_id: str, pieces: Sequence[Mapping[str, Any]]) -> str | None:
     """The notice carrying a run's live pieces; None when it would not fit."""
     body = json.dumps({"tenant_id": tenant_id, "pieces": pieces}, separators=(",", ":"))

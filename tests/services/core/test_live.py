@@ -12,6 +12,7 @@ from services.core.live import (
     cut,
     event_id,
     live_notice,
+    merged,
     parse_live_notice,
     parse_position,
     split_at,
@@ -126,3 +127,13 @@ def test_a_notice_carries_pieces_up_to_the_limit() -> None:
     notice = live_notice("r", "t", [piece(0, 2)])
     assert notice is not None and parse_live_notice(notice) == live(piece(0, 2))
     assert live_notice("r", "t", [piece(0, 1, text="x" * 8000)]) is None
+
+
+def test_pieces_that_piled_up_go_as_one_until_an_answer_ends() -> None:
+    notices = [live(piece(0, 1)), live(piece(1, 2)), live(piece(3, 1, finish_reason="stop"))]
+    notices.append(live(piece(4, 1, index=1)))
+    [whole, other] = merged(notices).pieces
+    assert whole == piece(0, 4, finish_reason="stop")
+    assert other == piece(4, 1, index=1)
+    # A gap is not joined over.
+    assert len(merged([live(piece(0, 1)), live(piece(2, 1))]).pieces) == 2
