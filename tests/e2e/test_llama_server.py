@@ -165,9 +165,11 @@ def test_a_run_larger_than_a_slot_of_the_server_is_refused_naming_max_tokens(
 
 def test_a_stream_resumes_from_a_middle_seq(stack: Stack) -> None:
     client = stack.tenant_client("resume")
-    events = list(client.generate("Count to twenty:", model=MODEL, max_tokens=40, temperature=0))
+    seen = list(client.generate("Count to twenty:", model=MODEL, max_tokens=40, temperature=0))
+    assert seen[0].run_id is not None
+    events = list(client.stream_run(seen[0].run_id))  # as stored: the run has ended
+    assert "".join(e.text for e in events) == "".join(e.text for e in seen)
     middle = events[len(events) // 2].seq
-    assert events[0].run_id is not None
     tail = list(client.stream_run(events[0].run_id, starting_after=middle))
     assert [(e.seq, e.kind, e.text, e.token_ids) for e in tail] == [
         (e.seq, e.kind, e.text, e.token_ids) for e in events if e.seq > middle
