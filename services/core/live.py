@@ -16,7 +16,7 @@ to `tokens` (`chars`). A client resumes from one, written `seq` (a stored event'
 Only a run whose first `streaming` event is stored has live pieces: from then on its
 worker's loss ends it (`failed`), never runs it again, so what a client saw live is
 never replaced by other tokens. What it saw live past the last stored event when its
-worker was lost is not in the run's record (at most one store interval of tokens).
+worker was lost is not in the run's record (at most one store's worth of tokens).
 """
 
 from __future__ import annotations

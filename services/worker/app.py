@@ -94,7 +94,7 @@ class WorkerSettings:
             drain_seconds=env_int("TOLLGATE_DRAIN_SECONDS", 10),
             events_per_second=env_float("TOLLGATE_STREAM_EVENTS_PER_S", 100.0),
             store_tokens=env_int("TOLLGATE_STORE_EVERY_TOKENS", 16),
-            store_interval=env_float("TOLLGATE_STORE_EVERY_S", 1.0),
+            store_interval=env_float("TOLLGATE_STORE_EVERY_S", 5.0),
             engine_niceness=engine_niceness(env_int("TOLLGATE_ENGINE_NICE", ENGINE_NICENESS)),
         )
 

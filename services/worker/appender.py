@@ -52,7 +52,7 @@ class StepAppender:
         min_interval: float = 0.05,
         max_interval: float = 0.25,
         store_tokens: int = 16,
-        store_interval: float = 1.0,
+        store_interval: float = 5.0,
     ) -> None:
         self.store = store
         self.runs = runs

@@ -4,11 +4,14 @@ numbered events of its stream (no I/O).
 `ResponseView` is a pure translator, stored events in, Responses events out. One stored
 event may become several Responses events (the `queued` event is `response.created`
 and `response.queued`; the `completed` event closes the output items, then is
-`response.completed`), and some none (`billed`); the events are numbered in order from
-the run's first stored event, so a replay from the start gives the same numbers on every
-replica, and a stream resumed after `sequence_number` N replays from the start and
-drops those up to N. The answer's text, the calls it holds back and its usage come from
-the chat endpoint's `Completion`.
+`response.completed`), and some none (`billed`). Events are numbered by where they stand
+in the response: an event's `sequence_number` is the number of events before it that
+are not text deltas, plus the characters of text sent before it (a delta: up to its
+last character). So the numbers go up, and are the same whatever pieces the text came in: a live stream sends tokens as
+they are made (`services.core.live`), a replay from the store in bigger pieces. A stream
+resumed after N replays from the start and drops what a client with N has, cutting the
+delta N falls inside (`past`). The answer's text, the calls it holds back and its usage
+come from the chat endpoint's `Completion`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ ECHOED = (
     "user",
 )
 ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+TEXT_DELTA = "response.output_text.delta"
 
 
 @dataclass(slots=True)
@@ -52,8 +56,9 @@ class ResponseView:
     completed_at: float | None = None
     error: dict[str, Any] | None = None
     usage: Mapping[str, Any] | None = None
-    # The next event's sequence_number.
-    num_events: int = 0
+    # The events numbered so far that are not text deltas, and the text the deltas sent.
+    num_others: int = 0
+    num_chars: int = 0
     announced: bool = False
     message_open: bool = False
     # The answer's text streamed so far.
@@ -78,8 +83,13 @@ class ResponseView:
         """The Responses events `event` adds, numbered on from the ones before it."""
         numbered = []
         for translated in self._translate(event):
-            numbered.append({**translated, "sequence_number": self.num_events})
-            self.num_events += 1
+            if translated["type"] == TEXT_DELTA:
+                self.num_chars += len(translated["delta"])
+                number = self.num_others + self.num_chars - 1
+            else:
+                number = self.num_others + self.num_chars
+                self.num_others += 1
+            numbered.append({**translated, "sequence_number": number})
         return numbered
 
     def body(self) -> dict[str, Any]:
@@ -107,7 +117,7 @@ class ResponseView:
         self.completion.add(event)
         if event.kind == RunState.QUEUED:
             self.status = "queued"
-            if self.num_events:
+            if self.num_others:
                 return []  # queued again, having streamed nothing
             self.created_at = event.created_at.timestamp()
             return [self._whole("response.created"), self._whole("response.queued")]
@@ -150,7 +160,7 @@ class ResponseView:
         return [
             *self._open(),
             {
-                "type": "response.output_text.delta",
+                "type": TEXT_DELTA,
                 **self._part_of(),
                 "delta": text,
                 "logprobs": [],
@@ -227,10 +237,23 @@ class ResponseView:
 def replay(
     record: ResponseRecord, model: str, events: Iterable[StoredEvent], after: int = -1
 ) -> tuple[ResponseView, list[dict[str, Any]]]:
-    """The view after `events`, and their Responses events numbered past `after`."""
+    """The view after `events`, and their Responses events past `after`."""
     view = ResponseView(record, model)
-    out = [e for event in events for e in view.events(event) if e["sequence_number"] > after]
-    return view, out
+    return view, past((e for event in events for e in view.events(event)), after)
+
+
+def past(events: Iterable[dict[str, Any]], after: int) -> list[dict[str, Any]]:
+    """What a client that has the events up to `after` lacks of `events`: those numbered
+    past it, the text delta it falls inside cut to the text after it."""
+    out = []
+    for event in events:
+        number = event["sequence_number"]
+        if number <= after:
+            continue
+        if event["type"] == TEXT_DELTA and number - len(event["delta"]) < after:
+            event = {**event, "delta": event["delta"][after - number :]}
+        out.append(event)
+    return out
 
 
 def _call_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:

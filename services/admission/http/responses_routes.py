@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.admission.gateway import Gateway
 from services.admission.http.guard import Credentials
-from services.admission.http.response_view import ResponseView, output_turns, replay
+from services.admission.http.response_view import ResponseView, output_turns, past, replay
 from services.admission.http.responses import error_body
 from services.admission.http.responses_api import (
     ResponseRequest,
@@ -102,7 +102,7 @@ class ResponsesApi:
                 view.events(event)
             return JSONResponse(view.body(), headers=headers)
         events = await self.gateway.follow(
-            principal, run_id, Position(0), True, known=started.stored
+            principal, run_id, Position(0), True, known=started.stored, live=body.stream
         )
         if body.stream:
             return sse_response(_frames(events, view, -1), run_id, started.rate_limits)
@@ -123,7 +123,7 @@ class ResponsesApi:
         record, view, model = await self._load(principal, response_id)
         if not stream:
             return JSONResponse(view.body(), headers={"x-request-id": record.run_id})
-        events = await self.gateway.follow(principal, record.run_id, Position(0), True)
+        events = await self.gateway.follow(principal, record.run_id, Position(0), True, live=True)
         after = -1 if starting_after is None else starting_after
         return sse_response(_frames(events, ResponseView(record, model), after), record.run_id)
 
@@ -211,11 +211,10 @@ class ResponsesApi:
 async def _frames(
     events: AsyncIterator[StoredEvent], view: ResponseView, after: int
 ) -> AsyncIterator[bytes]:
-    """The response's SSE frames numbered past `after`, each its event's type and JSON."""
+    """The response's SSE frames past `after`, each its event's type and JSON."""
     async for event in events:
-        for translated in view.events(event):
-            if translated["sequence_number"] > after:
-                yield _frame(translated)
+        for translated in past(view.events(event), after):
+            yield _frame(translated)
 
 
 async def _fold(events: AsyncIterator[StoredEvent], view: ResponseView) -> None:

@@ -161,7 +161,7 @@ def test_admission_fields_are_named_as_the_responses_api_names_them() -> None:
     assert names["sampling.tools[0].parameters"] == "tools[0].parameters"
 
 
-def test_a_text_run_becomes_openai_events_numbered_from_zero() -> None:
+def test_a_text_run_becomes_openai_events_numbered_by_where_they_stand() -> None:
     view, out = replay(record(), "m", text_run("Hel", "lo"))
     assert types_of(out) == [
         "response.created",
@@ -176,7 +176,8 @@ def test_a_text_run_becomes_openai_events_numbered_from_zero() -> None:
         "response.output_item.done",
         "response.completed",
     ]
-    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    # Other events count one each, text deltas the characters they send.
+    assert [e["sequence_number"] for e in out] == [0, 1, 2, 3, 4, 7, 9, 10, 11, 12, 13]
     for event in out:
         parse_event(event)
     response = parse_response(view.body())
@@ -193,13 +194,39 @@ def test_numbering_is_the_same_on_every_replay_and_resuming_gives_the_tail() -> 
     stored = text_run("a", "b", "c", "d")
     _, whole = replay(record(), "m", stored)
     assert replay(record(), "m", stored)[1] == whole
-    for n in range(len(whole)):
-        assert replay(record(), "m", stored, after=n)[1] == whole[n + 1 :]
+    for n, event in enumerate(whole):
+        assert replay(record(), "m", stored, after=event["sequence_number"])[1] == whole[n + 1 :]
     # Events in flight: a resumed stream goes on as the whole one.
     view = ResponseView(record(), "m")
     first = [e for event in stored[:3] for e in view.events(event)]
     rest = [e for event in stored[3:] for e in view.events(event)]
     assert first + rest == whole
+
+
+def test_the_numbers_do_not_depend_on_the_pieces_the_text_came_in() -> None:
+    _, pieces = replay(record(), "m", text_run("a", "bc", "def"))
+    _, whole = replay(record(), "m", text_run("abcdef"))
+
+    def others(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
+        return [
+            (e["type"], e["sequence_number"])
+            for e in events
+            if e["type"] != "response.output_text.delta"
+        ]
+
+    assert others(pieces) == others(whole)
+    # A client that had the pieces up to "abc" resumes in the stored whole: it gets "def".
+    after = next(e["sequence_number"] for e in pieces if e.get("delta") == "bc")
+    [delta, *_] = replay(record(), "m", text_run("abcdef"), after=after)[1]
+    assert delta["delta"] == "def" and delta["sequence_number"] == after + 3
+    for n, event in enumerate(pieces):  # a client that had the pieces up to any of them
+        number = event["sequence_number"]
+        tail = replay(record(), "m", text_run("abcdef"), after=number)[1]
+        assert delta_text(pieces[: n + 1]) + delta_text(tail) == "abcdef"
+
+
+def delta_text(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
 
 
 @pytest.mark.parametrize(
