@@ -142,10 +142,13 @@ class RunFeed:
 
 def _offer(queue: asyncio.Queue[Notice], notice: Notice) -> None:
     """Queues `notice`; a full queue is emptied for one None instead, which sends its
-    stream to the store for everything the dropped notices held."""
+    stream to the store for everything the dropped notices held. Live pieces that find
+    the queue full are let go alone: the run's next stored event brings their tokens."""
     try:
         queue.put_nowait(notice)
     except asyncio.QueueFull:
+        if isinstance(notice, LivePieces):
+            return
         while not queue.empty():
             queue.get_nowait()
         queue.put_nowait(None)

@@ -108,7 +108,6 @@ def test_a_broken_stream_resumes_without_repeats_or_gaps(stack: Stack) -> None:
     replay = list(direct.stream_run(events[0].run_id))
     assert "".join(e.text for e in events) == "".join(e.text for e in replay)
     assert sum(len(e.token_ids) for e in events) == 300
-    assert any(e.live for e in events)
 
 
 def test_idempotency_key_names_one_run_and_one_bill(stack: Stack) -> None:

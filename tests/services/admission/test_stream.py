@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 import sqlalchemy as sa
 
-from services.admission.stream import RunFeed, stream_events
+from services.admission.stream import Notice, RunFeed, _offer, stream_events
 from services.core.db import EVENTS_CHANNEL, open_db
 from services.core.event_store import EventStore
-from services.core.live import LIVE_CHANNEL, Position
+from services.core.live import LIVE_CHANNEL, LivePieces, Position
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.services.admission.worker_double import finish_run
 from tests.services.core.events import start_run, streaming
@@ -261,3 +261,15 @@ async def read_until(notices: asyncio.Queue[list[StoredEvent] | None], seq: int)
     while seen < seq:
         notice = await notices.get()
         seen = notice[-1].seq if notice else seen
+
+
+def test_a_full_queue_lets_live_pieces_go_and_keeps_the_stored_notices() -> None:
+    queue: asyncio.Queue[Notice] = asyncio.Queue(2)
+    stored: Notice = []
+    _offer(queue, stored)
+    _offer(queue, LivePieces("r", "t", []))
+    _offer(queue, LivePieces("r", "t", []))  # full: let go
+    assert queue.qsize() == 2 and queue.get_nowait() is stored
+    _offer(queue, stored)
+    _offer(queue, stored)  # full: the stream goes to the store instead
+    assert queue.qsize() == 1 and queue.get_nowait() is None
