@@ -106,6 +106,8 @@ class LLMEngine:
         self._requests: dict[str, PreparedRequest] = {}
         self._groups: dict[str, AnswerGroup] = {}
         self._pending_outputs: list[RequestOutput] = []
+        # The last step's (sequences, tokens): equal for a step of decodes only.
+        self.last_step_shape = (0, 0)
         self._arrivals = itertools.count()
         self._seeds = random.Random(config.seed)
 
@@ -257,6 +259,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batched forward pass; return an output for every request that advanced."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        self.last_step_shape = (0, 0)
         if not self.batcher.has_unfinished:
             return outputs
         start = self._clock()
@@ -277,6 +280,7 @@ class LLMEngine:
             else Executed([], {})
         )
         self.batcher.on_executed(plan)
+        self.last_step_shape = (len(plan.chunks), plan.num_tokens)
         end = self._clock()
         for seq in self.batcher.running:
             seq.account_kv(end)

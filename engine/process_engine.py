@@ -34,6 +34,7 @@ from engine.front import EngineClosedError, EngineFront, RequestStream
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling import MAX_N, Priority, RequestLimits, SamplingParams
+from engine.threads import choice_for_engine, timed_step
 
 # How long a stopping child may take to finish its step and exit before it is killed.
 STOP_TIMEOUT_SECONDS = 10.0
@@ -218,13 +219,14 @@ def serve(conn: Connection, model_dir: str, config: EngineConfig, niceness: int 
         )
         return
     conn.send(("ready", engine.limits))
+    threads = choice_for_engine()
     try:
         while True:
             # Block for commands only while idle; between steps, take what has arrived.
             while conn.poll(0 if engine.has_unfinished_requests() else None):
                 if not _apply(engine, conn, conn.recv()):
                     return
-            outputs = engine.step()
+            outputs = timed_step(engine, threads)
             if outputs:
                 conn.send(("step", outputs, engine.num_free_blocks))
     except (EOFError, BrokenPipeError, ConnectionResetError):

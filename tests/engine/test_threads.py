@@ -1,0 +1,57 @@
+"""The engine steps on fewer threads while a core is taken, and on all once it is free."""
+
+from engine.threads import ThreadChoice
+
+QUIET = {2: 0.010, 1: 0.016}  # seconds per sequence of a decode step, by threads
+BUSY = {2: 0.080, 1: 0.018}
+
+
+def run(choice: ThreadChoice, costs: dict[int, float], steps: int) -> list[int]:
+    """The threads each of `steps` decode steps ran on, each taking `costs[threads]`."""
+    used = []
+    for _ in range(steps):
+        threads = choice.threads()
+        used.append(threads)
+        choice.record(costs[threads] * 4, num_seqs=4, decode_only=True)
+    return used
+
+
+def test_a_quiet_machine_keeps_every_thread_and_tries_nothing() -> None:
+    choice = ThreadChoice(2)
+    assert set(run(choice, QUIET, 2000)) == {2}
+
+
+def test_a_taken_core_moves_the_steps_to_fewer_threads_and_back_once_it_is_free() -> None:
+    choice = ThreadChoice(2, retry_every=64)
+    run(choice, QUIET, 50)
+    busy = run(choice, BUSY, 200)
+    assert busy[-100:].count(1) > 90  # after a few slow steps and a trial
+    assert busy.index(1) < 20
+    freed = run(choice, QUIET, 300)
+    assert freed[-50:] == [2] * 50  # the next retry finds the core free
+
+
+def test_steps_slower_for_another_reason_keep_every_thread() -> None:
+    choice = ThreadChoice(2)
+    run(choice, QUIET, 50)
+    longer = {2: 0.030, 1: 0.050}  # e.g. longer contexts: one thread is slower still
+    used = run(choice, longer, 500)
+    assert used.count(1) == choice.window  # one trial, then the new cost is the usual one
+    assert used[-400:] == [2] * 400
+
+
+def test_retries_that_lose_come_less_often() -> None:
+    choice = ThreadChoice(2, retry_every=32, max_retry_every=128)
+    run(choice, QUIET, 20)
+    used = run(choice, BUSY, 2000)
+    trials = [i for i in range(1, len(used)) if used[i] == 2 and used[i - 1] == 1]
+    gaps = [b - a for a, b in zip(trials, trials[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > 128
+
+
+def test_only_decode_steps_count() -> None:
+    choice = ThreadChoice(2)
+    run(choice, QUIET, 20)
+    for _ in range(100):
+        choice.record(5.0, num_seqs=4, decode_only=False)  # a long prefill
+    assert choice.threads() == 2
