@@ -6,9 +6,10 @@ way to step; with a core taken by another busy process, the thread that shares i
 a fraction of the time and every barrier waits for it, so a step takes many times as
 long. One thread fewer then does better than all of them. `ThreadChoice` watches the
 time of decode-only steps per sequence: when it rises well above what it was, it tries
-fewer threads for a few steps and keeps them if they step faster; while on fewer, it
-tries all of them again now and then (less often each time that loses), so the engine
-takes its cores back once they are free.
+fewer threads for a few steps and keeps them if they step faster. Now and then it tries
+the other count anyway (less often each time that loses): on fewer threads, so that the
+engine takes its cores back once they are free; on all, to find a core that was taken
+before any step was timed.
 """
 
 from __future__ import annotations
@@ -99,10 +100,11 @@ class ThreadChoice:
         recent = statistics.median(self._recent)
         if self._usual is None:
             self._usual = recent
+        fewer = max(1, self.most // 2)
         if self.current == self.most and recent > self.slower * self._usual:
-            self._start_trial(max(1, self.most // 2))
-        elif self.current < self.most and self._since_trial >= self._next_retry:
-            self._start_trial(self.most)
+            self._start_trial(fewer)
+        elif self._since_trial >= self._next_retry:
+            self._start_trial(self.most if self.current < self.most else fewer)
         elif self.current == self.most:
             self._usual = min(self._usual, recent) * 0.9 + recent * 0.1
 
@@ -118,8 +120,12 @@ class ThreadChoice:
             self._next_retry = self.retry_every
             if self.current == self.most:
                 self._usual = trial
-        elif self._trying == self.most:
-            self._next_retry = min(2 * self._next_retry, self.max_retry_every)
-        else:
+            self._tried()
+            return
+        self._next_retry = min(2 * self._next_retry, self.max_retry_every)
+        if self.current == self.most:
             self._usual = before  # slower for another reason (fewer or longer sequences)
+        self._tried()
+
+    def _tried(self) -> None:
         self._trying, self._trial, self._since_trial = None, [], 0

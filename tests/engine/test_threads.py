@@ -16,9 +16,18 @@ def run(choice: ThreadChoice, costs: dict[int, float], steps: int) -> list[int]:
     return used
 
 
-def test_a_quiet_machine_keeps_every_thread_and_tries_nothing() -> None:
-    choice = ThreadChoice(2)
-    assert set(run(choice, QUIET, 2000)) == {2}
+def test_a_quiet_machine_keeps_every_thread_trying_fewer_less_and_less_often() -> None:
+    choice = ThreadChoice(2, retry_every=64, max_retry_every=512)
+    used = run(choice, QUIET, 4000)
+    assert used[:64] == [2] * 64
+    assert used.count(1) <= 8 * (1 + 1 + 1 + 1 + 4000 // 512)  # 64, 128, 256, then 512 apart
+
+
+def test_a_core_taken_before_any_step_is_found_by_the_next_trial() -> None:
+    choice = ThreadChoice(2, retry_every=64)
+    used = run(choice, BUSY, 300)
+    assert used[64:72] == [1] * 8  # the first trial
+    assert used[-200:].count(1) >= 200 - 16  # two retries of every thread, at most
 
 
 def test_a_taken_core_moves_the_steps_to_fewer_threads_and_back_once_it_is_free() -> None:
@@ -32,7 +41,7 @@ def test_a_taken_core_moves_the_steps_to_fewer_threads_and_back_once_it_is_free(
 
 
 def test_steps_slower_for_another_reason_keep_every_thread() -> None:
-    choice = ThreadChoice(2)
+    choice = ThreadChoice(2, retry_every=1000)
     run(choice, QUIET, 50)
     longer = {2: 0.030, 1: 0.050}  # e.g. longer contexts: one thread is slower still
     used = run(choice, longer, 500)
@@ -50,7 +59,7 @@ def test_retries_that_lose_come_less_often() -> None:
 
 
 def test_only_decode_steps_count() -> None:
-    choice = ThreadChoice(2)
+    choice = ThreadChoice(2, retry_every=1000)
     run(choice, QUIET, 20)
     for _ in range(100):
         choice.record(5.0, num_seqs=4, decode_only=False)  # a long prefill
