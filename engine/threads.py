@@ -70,7 +70,8 @@ class ThreadChoice:
         self.better = better
         self.retry_every = retry_every
         self.max_retry_every = max_retry_every
-        self._next_retry = retry_every
+        # The first trial comes as soon as a window of steps is timed.
+        self._next_retry = window
         # Seconds per sequence of the latest decode-only steps on `current` threads.
         self._recent: deque[float] = deque(maxlen=window)
         # What such a step took while all went well: the bar a slowdown is measured by.
@@ -122,7 +123,7 @@ class ThreadChoice:
                 self._usual = trial
             self._tried()
             return
-        self._next_retry = min(2 * self._next_retry, self.max_retry_every)
+        self._next_retry = min(max(2 * self._next_retry, self.retry_every), self.max_retry_every)
         if self.current == self.most:
             self._usual = before  # slower for another reason (fewer or longer sequences)
         self._tried()

@@ -19,14 +19,15 @@ def run(choice: ThreadChoice, costs: dict[int, float], steps: int) -> list[int]:
 def test_a_quiet_machine_keeps_every_thread_trying_fewer_less_and_less_often() -> None:
     choice = ThreadChoice(2, retry_every=64, max_retry_every=512)
     used = run(choice, QUIET, 4000)
-    assert used[:64] == [2] * 64
-    assert used.count(1) <= 8 * (1 + 1 + 1 + 1 + 4000 // 512)  # 64, 128, 256, then 512 apart
+    assert used[:8] == [2] * 8 and used[8:16] == [1] * 8  # the first trial, at once
+    assert used[16:80] == [2] * 64
+    assert used.count(1) <= 8 * (1 + 1 + 1 + 1 + 4000 // 512)  # then 64, 128, 256, 512 apart
 
 
 def test_a_core_taken_before_any_step_is_found_by_the_next_trial() -> None:
     choice = ThreadChoice(2, retry_every=64)
     used = run(choice, BUSY, 300)
-    assert used[64:72] == [1] * 8  # the first trial
+    assert used[8:16] == [1] * 8  # the first trial
     assert used[-200:].count(1) >= 200 - 16  # two retries of every thread, at most
 
 
