@@ -141,8 +141,10 @@ class RunEvent:
     def position(self) -> str:
         """Where a client that has this event stands, for `stream_run(starting_after=...)`:
         its seq, or for a live event `seq.tokens.chars` (the run's output up to its end),
+        as for a stored one cut to nothing (the client had all of it live, and maybe more),
         as the HTTP API's event ids."""
-        if not self.live or self.at is None:
+        cut_to_nothing = self.kind == "streaming" and not self.token_ids and not self.text
+        if not (self.live or cut_to_nothing) or self.at is None:
             return str(self.seq)
         return f"{self.seq}.{self.at[0] + len(self.token_ids)}.{self.at[1] + len(self.text)}"
 

@@ -58,8 +58,11 @@ class Position:
 
 def event_id(event: StoredEvent) -> str:
     """Where a client that has `event` stands, as it sends it back to resume: the seq of
-    a stored event, the position after a live one."""
-    end = end_of(event.payload) if event.live else None
+    a stored event, the position after a live one, and after a stored one cut to nothing
+    (its client had all of it, and maybe more, live)."""
+    payload = event.payload
+    ahead = event.live or (not payload.get("token_ids") and not payload.get("text"))
+    end = end_of(payload) if ahead and event.kind == RunState.STREAMING else None
     return str(Position(event.seq, *end)) if end is not None else str(event.seq)
 
 
@@ -104,6 +107,10 @@ def cut(payload: Mapping[str, Any], tokens: int, chars: int) -> dict[str, Any]:
     rest["token_ids"] = list(payload.get("token_ids", ()))[skip_tokens:]
     rest["text"] = payload.get("text", "")[skip_chars:]
     rest["at"] = [start[0] + skip_tokens, start[1] + skip_chars]
+    if skip_tokens == len(payload.get("token_ids", ())) and skip_chars == len(
+        payload.get("text", "")
+    ):
+        rest["at"] = [max(tokens, rest["at"][0]), max(chars, rest["at"][1])]  # where it stands
     if "logprobs" in payload:
         rest["logprobs"] = list(payload["logprobs"])[skip_tokens:]
     rest.pop("prompt_logprobs", None)  # sent with the run's first tokens

@@ -49,8 +49,9 @@ def delivery_problems(
     records: list[RunRecord], stored: dict[str, list[tuple[int, str, list[int]]]]
 ) -> list[str]:
     """Runs whose client did not receive each stored event, and each token, exactly once.
-    A run whose worker was lost may have sent its client tokens live that were never
-    stored: they come after every stored one."""
+    A run whose worker was lost, or that was cancelled while its worker's last tokens were
+    on their way, may have sent its client tokens live that were never stored: they come
+    after every stored one."""
     problems = []
     for record in records:
         if record.run_id is None:
@@ -66,8 +67,10 @@ def delivery_problems(
             t for event in record.events if event.kind == "streaming" for t in event.token_ids
         ]
         stored_tokens = [t for _, kind, ids in events if kind == "streaming" for t in ids]
-        lost = any(kind == "failed" for _, kind, _ in events)
-        if tokens != stored_tokens and not (lost and tokens[: len(stored_tokens)] == stored_tokens):
+        # Ended where its worker's last tokens were not stored: lost, or cancelled meanwhile.
+        cut_short = any(kind in ("failed", "cancelled") for _, kind, _ in events)
+        is_prefix = tokens[: len(stored_tokens)] == stored_tokens
+        if tokens != stored_tokens and not (cut_short and is_prefix):
             problems.append(
                 f"{record.run_id}: received {len(tokens)} tokens, stored {len(stored_tokens)}"
             )

@@ -37,13 +37,14 @@ def _with_db(database_url: str, read: Callable[[psycopg.Cursor[Any]], T]) -> T:
             time.sleep(0.3)
 
 
-def held_runs(database_url: str, worker_pid: int) -> tuple[str, ...]:
-    """Runs leased to the worker process `worker_pid` and not ended (ids name their pid)."""
+def held_runs(database_url: str, worker_pid: int, max_seq: int | None = None) -> tuple[str, ...]:
+    """Runs leased to the worker process `worker_pid` and not ended (ids name their pid);
+    with `max_seq`, those that have stored no more events than that."""
 
     def read(cursor: psycopg.Cursor[Any]) -> tuple[str, ...]:
         cursor.execute(
-            "SELECT run_id FROM runs WHERE owner LIKE %s AND state <> ALL(%s)",
-            (f"%-{worker_pid}-%", _ENDED),
+            "SELECT run_id FROM runs WHERE owner LIKE %s AND state <> ALL(%s) AND last_seq <= %s",
+            (f"%-{worker_pid}-%", _ENDED, max_seq if max_seq is not None else 2**62),
         )
         return tuple(row[0] for row in cursor.fetchall())
 

@@ -25,7 +25,7 @@ RETRY = RetryPolicy(max_attempts=400, initial_backoff=0.1, max_backoff=0.5)
 OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
 PROMPT_WORDS = (1, 6, 24, 70)
 # The longest stream for seconds, so that kills find runs streaming.
-MAX_TOKENS = (1, 8, 40, 120, 400)
+MAX_TOKENS = (1, 8, 40, 120, 1200)
 CANCEL_PROBABILITY = 0.15
 DISCONNECT_PROBABILITY = 0.35
 MAX_RESUME_DELAY_S = 1.5

@@ -40,8 +40,10 @@ from tests.chaos.load import Load
 log = structlog.get_logger(__name__)
 
 HOLD_TIMEOUT_S = 60.0
-# A run this long streams for longer than the scheduler's worker timeout.
-LONG_RUN_TOKENS = 400
+# A run this long streams for longer than the scheduler's worker timeout, if it has
+# stored no more than its first tokens and one more store's (a few dozen tokens) yet.
+LONG_RUN_TOKENS = 1200
+FRESH_SEQ = 4
 # What the worker logs when an append of its is refused (fenced off, or the run ended).
 FENCED = "append refused"
 CUT_FOR_S = 8.0
@@ -192,7 +194,8 @@ def partition_while_streaming(
 
     def holds_a_long_run() -> bool:
         long_runs = {r.run_id for r in load.records if r.max_tokens >= LONG_RUN_TOKENS}
-        return bool(long_runs.intersection(held_runs(stack.database_url, worker.pid)))
+        fresh = held_runs(stack.database_url, worker.pid, max_seq=FRESH_SEQ)
+        return bool(long_runs.intersection(fresh))
 
     if not wait_until(holds_a_long_run, HOLD_TIMEOUT_S):
         log.error("chaos: the namespaced worker never held a long run; no partition")

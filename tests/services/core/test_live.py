@@ -137,3 +137,17 @@ def test_pieces_that_piled_up_go_as_one_until_an_answer_ends() -> None:
     assert other == piece(4, 1, index=1)
     # A gap is not joined over.
     assert len(merged([live(piece(0, 1)), live(piece(2, 1))]).pieces) == 2
+
+
+def test_a_stored_event_a_client_had_all_of_and_more_says_where_the_client_stands() -> None:
+    cursor = StreamCursor(Position(0))
+    [
+        *cursor.stored(stored(3, piece(0, 1))),
+        *cursor.live(live(piece(1, 2))),
+        *cursor.live(live(piece(3, 2))),
+    ]
+    [event] = cursor.stored(stored(4, piece(1, 2)))  # tokens 1-2: the client has up to 5
+    assert event.payload["token_ids"] == [] and event_id(event) == "4.5.5"
+    # Resumed from there: nothing the client had comes again.
+    resumed = StreamCursor(parse_position(event_id(event)) or Position(0))
+    assert tokens([*resumed.stored(stored(5, piece(3, 4)))]) == [5, 6]
