@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -199,3 +200,9 @@ def _int_tuple(value: Any) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,)
     return tuple(int(v) for v in value)
+
+
+def switched_on(name: str) -> bool:
+    """Whether the environment leaves an on-by-default switch on: anything but `0`,
+    `false`, `no` or `off`."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")

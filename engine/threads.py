@@ -14,7 +14,6 @@ before any step was timed.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections import deque
@@ -22,17 +21,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.config import switched_on
+
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
     from engine.outputs import RequestOutput
-
-_OFF = frozenset({"0", "false", "no", "off"})
 
 
 def choice_for_engine() -> ThreadChoice | None:
     """The step loop's choice of threads; None with one thread, or when
     `TOLLGATE_ENGINE_ADAPT_THREADS` is off (0, false, no, off)."""
-    if os.environ.get("TOLLGATE_ENGINE_ADAPT_THREADS", "1").strip().lower() in _OFF:
+    if not switched_on("TOLLGATE_ENGINE_ADAPT_THREADS"):
         return None
     most = torch.get_num_threads()
     return ThreadChoice(most) if most > 1 else None

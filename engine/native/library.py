@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import switched_on
 from engine.native.bindings import DecodeKernel, GemmKernel, Kernels, PrefillKernel, bind
 from engine.user_cache import user_cache
 
@@ -45,11 +46,10 @@ FLAGS = (
     "-fPIC",
     "-shared",
 )
-_OFF = ("0", "false", "no", "off")
 
 
 def enabled() -> bool:
-    return os.environ.get("TOLLGATE_NATIVE_KERNELS", "1").strip().lower() not in _OFF
+    return switched_on("TOLLGATE_NATIVE_KERNELS")
 
 
 def cache_dir() -> Path:
