@@ -146,7 +146,9 @@ class ServiceProcess:
         """The process's environment: this one's, less what only public services take
         unless `env` gives it, with `env` over it."""
         inherited = {k: v for k, v in os.environ.items() if k not in PUBLIC_ONLY_VARIABLES}
-        return {**inherited, **self.env, **die_with_parent_env(signal.SIGTERM)}
+        # Each process's connections name it in pg_stat_activity and the server's log.
+        named = {"PGAPPNAME": f"tollgate-{self.name}"}
+        return {**named, **inherited, **self.env, **die_with_parent_env(signal.SIGTERM)}
 
     def wait_ready(
         self,

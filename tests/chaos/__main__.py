@@ -14,23 +14,22 @@ from typing import Any
 # As tests/conftest.py: the servers are started from a process whose gRPC has threads.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from tests.chaos.cluster import Infra  # noqa: E402
+from tests.chaos.cluster import SIM_ENGINE, Infra  # noqa: E402
 from tests.chaos.driver import EVERY_SERVICE_TWICE, Outcome, Phase, run_phase, summary  # noqa: E402
 from tests.chaos.faults import ALL_KINDS  # noqa: E402
 from tests.chaos.partition import PartitionUnavailable, run_partition  # noqa: E402
 
 # The simulated engine runs inside the worker: there is no engine process to kill.
-SIM = {"TOLLGATE_ENGINE_KIND": "sim"}
 SIM_KINDS = tuple(kind for kind in ALL_KINDS if kind != "engine")
 BOUNDED = (
     Phase("single", duration_s=40.0),
     Phase("replicas", duration_s=30.0, replicas=EVERY_SERVICE_TWICE),
-    Phase("sim", duration_s=36.0, kinds=SIM_KINDS, engine_env=SIM),
+    Phase("sim", duration_s=36.0, kinds=SIM_KINDS, engine_env=SIM_ENGINE),
 )
 LONG = (
     Phase("single", duration_s=240.0),
     Phase("replicas", duration_s=180.0, replicas=EVERY_SERVICE_TWICE),
-    Phase("sim", duration_s=180.0, kinds=SIM_KINDS, engine_env=SIM),
+    Phase("sim", duration_s=180.0, kinds=SIM_KINDS, engine_env=SIM_ENGINE),
 )
 PARTITION_S = {False: 20.0, True: 60.0}
 

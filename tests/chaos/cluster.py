@@ -38,6 +38,8 @@ TOPIC_PARTITIONS = 4
 HEARTBEAT_INTERVAL_S = 1.0
 # Two heartbeat intervals: the bound the scheduler is held to for a lost worker.
 WORKER_TIMEOUT_S = 2.0
+# The simulated engine, inside the worker: steps of a fixed time, whatever the machine.
+SIM_ENGINE = {"TOLLGATE_ENGINE_KIND": "sim"}
 INTERNAL_TOKEN = "chaos-internal-token"
 SERVICE_ENV = {
     "TOLLGATE_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),

@@ -39,6 +39,8 @@ class RunRecord:
     tenant: str
     idempotency_key: str
     max_tokens: int
+    ignore_eos: bool = False
+    cancel_planned: bool = False
     run_id: str | None = None
     events: list[RunEvent] = field(default_factory=list)
     num_resumes: int = 0  # streams the client dropped on purpose and resumed
@@ -49,6 +51,11 @@ class RunRecord:
     @property
     def last_seq(self) -> int:
         return self.events[-1].seq if self.events else 0
+
+    @property
+    def runs_to_max_tokens(self) -> bool:
+        """Whether the run streams all its max_tokens: no end of sequence, no cancel."""
+        return self.ignore_eos and not self.cancel_planned
 
     @property
     def done(self) -> bool:
@@ -91,13 +98,9 @@ class Tenant:
         sampling: dict[str, object] = {"temperature": 0.0}
         if rng.random() < 0.5:
             sampling = {"temperature": 0.8, "seed": rng.randint(0, 2**31)}
-        request = {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "ignore_eos": rng.random() < 0.7,
-            **sampling,
-        }
-        return RunRecord(self.name, str(uuid.uuid4()), max_tokens), request
+        ignore_eos = rng.random() < 0.7
+        request = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos, **sampling}
+        return RunRecord(self.name, str(uuid.uuid4()), max_tokens, ignore_eos), request
 
     def open(self, record: RunRecord, request: dict[str, object]) -> Stream:
         if record.run_id is None:
@@ -190,5 +193,6 @@ class Load:
             with self._lock:
                 record, request = tenant.new_record()
                 plan = Plan.draw(tenant.rng)
+                record.cancel_planned = plan.cancel_after is not None
                 self.records.append(record)
             tenant.follow(record, request, plan)

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 from services.stack.flaky_link import FlakyLink
 from services.stack.infra import Endpoints, free_port
 from services.stack.launcher import ServiceProcess
-from tests.chaos.cluster import Stack, supervised_stack, wait_until
+from tests.chaos.cluster import SIM_ENGINE, Stack, supervised_stack, wait_until
 from tests.chaos.driver import Outcome, finish
 from tests.chaos.evidence import held_runs
 from tests.chaos.faults import WorkerKill
@@ -40,10 +40,11 @@ from tests.chaos.load import Load
 log = structlog.get_logger(__name__)
 
 HOLD_TIMEOUT_S = 60.0
-# A run this long streams for longer than the scheduler's worker timeout, if it has
-# stored no more than its first tokens and one more store's (a few dozen tokens) yet.
+# On the simulated engine, whose steps take a fixed time whatever the machine's speed, a
+# run this long streams for many times the scheduler's worker timeout, if it has stored
+# no more than a few hundred tokens (each `streaming` event after the first holds 16).
 LONG_RUN_TOKENS = 1200
-FRESH_SEQ = 4
+FRESH_SEQ = 20
 # What the worker logs when an append of its is refused (fenced off, or the run ended).
 FENCED = "append refused"
 CUT_FOR_S = 8.0
@@ -165,7 +166,7 @@ def run_partition(
     """Load on a stack with one worker on the host and one in a namespace; the namespace's
     worker is cut off from the schedulers while it streams, then healed."""
     with Namespace(num_links=2) as namespace:
-        with supervised_stack(endpoints, model_dir, log_dir) as stack:
+        with supervised_stack(endpoints, model_dir, log_dir, extra_env=SIM_ENGINE) as stack:
             with namespaced_worker(stack, namespace) as worker:
                 load = Load(stack, seed=seed)
                 load.start()
@@ -193,7 +194,11 @@ def partition_while_streaming(
     started = time.monotonic()
 
     def holds_a_long_run() -> bool:
-        long_runs = {r.run_id for r in load.records if r.max_tokens >= LONG_RUN_TOKENS}
+        long_runs = {
+            r.run_id
+            for r in load.records
+            if r.max_tokens >= LONG_RUN_TOKENS and r.runs_to_max_tokens
+        }
         fresh = held_runs(stack.database_url, worker.pid, max_seq=FRESH_SEQ)
         return bool(long_runs.intersection(fresh))
 
