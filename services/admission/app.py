@@ -36,6 +36,7 @@ from services.core.config import (
 )
 from services.core.db import open_db
 from services.core.event_store import EventStore
+from services.core.key_cache import KEY_CACHE_SECONDS
 from services.core.metrics import start_metrics
 from services.core.pricing import DEFAULT_CURRENCY, parse_prices
 from services.core.relay import OutboxRelay
@@ -103,6 +104,7 @@ class AdmissionSettings:
                     os.environ.get("TOLLGATE_PRICES"),
                     env_str("TOLLGATE_CURRENCY", DEFAULT_CURRENCY),
                 ),
+                key_cache_seconds=env_float("TOLLGATE_KEY_CACHE_SECONDS", KEY_CACHE_SECONDS),
             ),
             default_max_concurrent_runs=env_int(
                 "TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS", DEFAULT_MAX_CONCURRENT_RUNS
@@ -195,6 +197,7 @@ async def main(settings: AdmissionSettings) -> None:
                 settings.admin_token,
                 settings.default_max_concurrent_runs,
                 failures=gateway.auth_failures,
+                key_cache=gateway.key_cache,
             ),
             server,
         )

@@ -35,6 +35,7 @@ from services.core.db import Database
 from services.core.errors import ApiError, IdempotencyKeyReused, QuotaExceeded
 from services.core.event_store import EventStore, IdempotencyKeyTaken
 from services.core.fleet import FleetView
+from services.core.key_cache import KEY_CACHE_SECONDS, KeyCache
 from services.core.key_usage import KeyUsage
 from services.core.live import Position
 from services.core.pricing import PriceTable
@@ -70,6 +71,8 @@ class GatewayConfig:
     prices: PriceTable = field(default_factory=PriceTable)
     # How often the keys of open streams are read back (key_watch.py).
     key_check_interval: float = KEY_CHECK_SECONDS
+    # How long a key's answer stands without a query (services.core.key_cache).
+    key_cache_seconds: float = KEY_CACHE_SECONDS
 
 
 class Gateway:
@@ -105,6 +108,8 @@ class Gateway:
         self.auth_failures = FailedAttempts()
         # Each key's last use, written in batches by `run()`.
         self.key_usage = KeyUsage()
+        # Keys that authenticated lately, looked up again after `key_cache_seconds`.
+        self.key_cache = KeyCache(config.key_cache_seconds)
 
     async def start(self, tenant_id: str, params: GenerateParams, key_id: str = "") -> Started:
         """Admits a new run, or finds the run this idempotency key already names; with the
@@ -218,7 +223,12 @@ class Gateway:
         """The tenant's API key that the request's `authorization` names; raises
         Unauthenticated. Both front doors ask here, so failures count per peer on both."""
         principal = await authenticate(
-            self.db, metadata, peer=peer, failures=self.auth_failures, usage=self.key_usage
+            self.db,
+            metadata,
+            peer=peer,
+            failures=self.auth_failures,
+            usage=self.key_usage,
+            cache=self.key_cache,
         )
         assert principal.tenant_id is not None
         return principal

@@ -21,6 +21,7 @@ from services.core import audit, paging
 from services.core.auth import new_key
 from services.core.db import Database, single_statement
 from services.core.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
+from services.core.key_cache import KeyCache
 from services.core.schema import api_keys
 from services.core.validation import require_id, text_violation
 
@@ -93,8 +94,11 @@ def overlap_violation(seconds: float) -> FieldViolation | None:
 
 
 class KeyStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, cache: KeyCache | None = None) -> None:
+        """`cache`: where this process keeps keys that authenticated, which forgets a key
+        once it is rotated or revoked here."""
         self.db = db
+        self.cache = cache
 
     async def create(
         self, tenant_id: str, scopes: KeyScopes = KeyScopes(), actor: str = audit.ADMIN_ACTOR
@@ -173,6 +177,7 @@ class KeyStore:
             )
             rotated = _key(row, secret)
             await _audit(conn, "api_key.rotated", actor, before, rotated)
+        self._forget(key_id)
         return rotated
 
     async def revoke(self, key_id: str, actor: str = audit.ADMIN_ACTOR) -> KeyRecord:
@@ -190,7 +195,12 @@ class KeyStore:
             )
             revoked = _key(row)
             await _audit(conn, "api_key.revoked", actor, before, revoked)
+        self._forget(key_id)
         return revoked
+
+    def _forget(self, key_id: str) -> None:
+        if self.cache is not None:
+            self.cache.forget(key_id)
 
 
 def _new_secret(key_id: str) -> tuple[str, str]:

@@ -86,7 +86,7 @@ class Console:
         self.settings = settings
         self.scheduler = scheduler
         self.tenant_store = TenantStore(gateway.db)
-        self.keys = KeyStore(gateway.db)
+        self.keys = KeyStore(gateway.db, gateway.key_cache)
 
     async def page(self, request: Request) -> Response:
         if request.url.path.endswith("/"):
@@ -216,6 +216,7 @@ class Console:
             allow_admin=True,
             peer=peer,
             failures=self.gateway.auth_failures,
+            cache=self.gateway.key_cache,
         )
 
     async def _tenant(self, request: Request) -> Principal:

@@ -10,7 +10,8 @@ told apart only once its secret matched, so an error never says more to a guesse
 
 Failing is cheap: a key not of the shape `new_key` makes is refused without a query,
 and a peer that fails too often is refused for a while before its keys are looked up.
-A success costs no write: `usage` notes the key's use in memory (services.core.key_usage).
+A success costs no write: `usage` notes the key's use in memory (services.core.key_usage),
+and with a `cache` no query either while the key's answer is recent (services.core.key_cache).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from services.core.codec import rfc3339
 from services.core.db import Database, driver_cursor, single_statement
 from services.core.errors import PermissionDenied, QuotaExceeded, Unauthenticated
+from services.core.key_cache import KeyCache
 from services.core.key_usage import KeyUsage
 from services.core.ratelimit import FailedAttempts, peer_host
 from services.core.validation import shown
@@ -109,8 +111,11 @@ def is_admin_token(token: str, admin_token: str) -> bool:
 _KEY = """
     SELECT tenant_id, secret_hash, allowed_models, expires_at,
            expires_at <= clock_timestamp() AS expired,
+           extract(epoch FROM expires_at - clock_timestamp())::float8 AS expires_in,
            CASE WHEN previous_secret_expires_at > clock_timestamp()
-                THEN previous_secret_hash END AS previous_secret_hash
+                THEN previous_secret_hash END AS previous_secret_hash,
+           extract(epoch FROM previous_secret_expires_at - clock_timestamp())::float8
+               AS previous_expires_in
     FROM api_keys WHERE key_id = %s AND revoked_at IS NULL
 """
 
@@ -124,20 +129,23 @@ async def authenticate(
     peer: str = "",
     failures: FailedAttempts | None = None,
     usage: KeyUsage | None = None,
+    cache: KeyCache | None = None,
 ) -> Principal:
     """The caller behind `authorization: Bearer ...`; raises Unauthenticated.
 
     With `failures`, each failure counts against `peer`, and a peer past its rate of
     failures is refused (QuotaExceeded, RATE_LIMITED) before its key is looked up. With
-    `usage`, the key's use is noted there."""
-    principal = await _checked(db, metadata, admin_token, allow_admin, peer, failures)
+    `usage`, the key's use is noted there; with `cache`, a secret that authenticated
+    lately is not looked up again."""
+    lookup = _Lookup(db, cache)
+    principal = await _checked(lookup, metadata, admin_token, allow_admin, peer, failures)
     if usage is not None and principal.key_id is not None:
         usage.used(principal.key_id)
     return principal
 
 
 async def _checked(
-    db: Database,
+    lookup: _Lookup,
     metadata: Sequence[tuple[str, str | bytes]] | None,
     admin_token: str,
     allow_admin: bool,
@@ -145,10 +153,10 @@ async def _checked(
     failures: FailedAttempts | None,
 ) -> Principal:
     if failures is None:
-        return await _authenticate(db, metadata, admin_token, allow_admin)
+        return await _authenticate(lookup, metadata, admin_token, allow_admin)
     _refuse_if_failing(failures, peer)
     try:
-        return await _authenticate(db, metadata, admin_token, allow_admin)
+        return await _authenticate(lookup, metadata, admin_token, allow_admin)
     except Unauthenticated:
         failures.failed(peer)
         raise
@@ -184,7 +192,7 @@ def _refuse_if_failing(failures: FailedAttempts, peer: str) -> None:
 
 
 async def _authenticate(
-    db: Database,
+    lookup: _Lookup,
     metadata: Sequence[tuple[str, str | bytes]] | None,
     admin_token: str,
     allow_admin: bool,
@@ -198,31 +206,50 @@ async def _authenticate(
     if parts is None:
         raise Unauthenticated("invalid API key")
     key_id, secret = parts
-    async with single_statement(db) as conn, driver_cursor(conn) as cursor:
+    secret_hash = hash_secret(secret)
+    if lookup.cache is not None:
+        cached = lookup.cache.get(key_id, secret_hash)
+        if cached is not None:
+            return cached
+    async with single_statement(lookup.db) as conn, driver_cursor(conn) as cursor:
         await cursor.execute(_KEY, (key_id,))
         row = await cursor.fetchone()
-    matched = _secret_matches(secret, row)
-    if row is None or not matched:
+    matched = _secret_matched(secret_hash, row)
+    if row is None or matched is None:
         raise Unauthenticated("invalid API key")
     if row["expired"]:
         raise Unauthenticated(f"API key {key_id} expired at {rfc3339(row['expires_at'])}")
-    return Principal(
+    principal = Principal(
         tenant_id=row["tenant_id"],
         key_id=key_id,
         allowed_models=frozenset(row["allowed_models"] or ()),
-        secret_hash=hash_secret(secret),
+        secret_hash=secret_hash,
     )
+    if lookup.cache is not None:
+        bounds = [row["expires_in"], row["previous_expires_in"] if matched == "previous" else None]
+        lookup.cache.put(principal, min((b for b in bounds if b is not None), default=None))
+    return principal
 
 
-def _secret_matches(secret: str, row: dict[str, Any] | None) -> bool:
-    """Whether `secret` is the key's, or its previous one still in its overlap. Both are
-    compared whatever the row, so timing does not tell which part was wrong."""
-    given = hash_secret(secret)
+@dataclass(frozen=True, slots=True)
+class _Lookup:
+    db: Database
+    cache: KeyCache | None
+
+
+def _secret_matched(given: str, row: dict[str, Any] | None) -> str | None:
+    """Which of the key's secrets the hash `given` is: "current", "previous" (still in its
+    overlap) or None. Both are compared whatever the row, so timing does not tell which
+    part was wrong."""
     current = row["secret_hash"] if row else _decoy()
     previous = (row["previous_secret_hash"] if row else None) or _decoy()
     matches_current = hmac.compare_digest(given, current)
     matches_previous = hmac.compare_digest(given, previous)
-    return row is not None and (matches_current or matches_previous)
+    if row is None:
+        return None
+    if matches_current:
+        return "current"
+    return "previous" if matches_previous else None
 
 
 def _decoy() -> str:

@@ -19,6 +19,7 @@ from services.core.auth import require_admin
 from services.core.db import Database
 from services.core.errors import FieldViolation, InvalidArgument
 from services.core.grpc_errors import rpc_errors
+from services.core.key_cache import KeyCache
 from services.core.ratelimit import FailedAttempts
 from services.core.validation import text_violation
 from tollgate.v1 import admin_pb2, admin_pb2_grpc
@@ -36,12 +37,15 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         db: Database,
         admin_token: str,
         default_max_concurrent_runs: int = DEFAULT_MAX_CONCURRENT_RUNS,
+        *,
+        key_cache: KeyCache | None,
         failures: FailedAttempts | None = None,
     ) -> None:
         """`failures` counts wrong admin tokens per peer: share the gateway's, so that a
-        peer guessing at either front door is held back at both."""
+        peer guessing at either front door is held back at both; `key_cache` is the
+        gateway's, which forgets the keys changed here."""
         self.tenants = TenantStore(db, default_max_concurrent_runs)
-        self.keys = KeyStore(db)
+        self.keys = KeyStore(db, key_cache)
         self.admin_token = admin_token
         self.failures = failures or FailedAttempts()
 

@@ -89,7 +89,10 @@ async def running_admission(
     def add(server: grpc.aio.Server) -> None:
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(gateway), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(db, ADMIN_TOKEN, failures=gateway.auth_failures), server
+            AdminServicer(
+                db, ADMIN_TOKEN, key_cache=gateway.key_cache, failures=gateway.auth_failures
+            ),
+            server,
         )
 
     server, port, _ = create_server("127.0.0.1:0", add)
