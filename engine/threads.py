@@ -6,7 +6,9 @@ way to step; with a core taken by another busy process, the thread that shares i
 a fraction of the time and every barrier waits for it, so a step takes many times as
 long. One thread fewer then does better than all of them. `ThreadChoice` watches the
 time of decode-only steps per sequence: when it rises well above what it was, it tries
-fewer threads for a few steps and keeps them if they step faster. Now and then it tries
+fewer threads for a few steps and keeps them if they step faster. A trial alternates the
+two counts step by step, so that both are timed on the same batches: a batch that grows
+or shrinks meanwhile changes the time per sequence far more than threads do. Now and then it tries
 the other count anyway (less often each time that loses): on fewer threads, so that the
 engine takes its cores back once they are free; on all, to find a core that was taken
 before any step was timed.
@@ -76,12 +78,20 @@ class ThreadChoice:
         # What such a step took while all went well: the bar a slowdown is measured by.
         self._usual: float | None = None
         self._trying: int | None = None
-        self._trial: list[float] = []
+        self._trial: list[float] = []  # on `_trying` threads
+        self._against: list[float] = []  # on `current` threads, between those
         self._since_trial = 0
+        self._ran = most  # what the step being timed runs on
 
     def threads(self) -> int:
         """The threads the next step should use."""
-        return self._trying if self._trying is not None else self.current
+        if self._trying is None:
+            self._ran = self.current
+        elif len(self._trial) <= len(self._against):
+            self._ran = self._trying
+        else:
+            self._ran = self.current
+        return self._ran
 
     def record(self, seconds: float, num_seqs: int, decode_only: bool) -> None:
         """Takes in the time of the step just run on `threads()` threads."""
@@ -89,8 +99,8 @@ class ThreadChoice:
             return
         cost = seconds / num_seqs
         if self._trying is not None:
-            self._trial.append(cost)
-            if len(self._trial) == self.window:
+            (self._trial if self._ran == self._trying else self._against).append(cost)
+            if min(len(self._trial), len(self._against)) >= self.window:
                 self._end_trial()
             return
         self._recent.append(cost)
@@ -109,11 +119,11 @@ class ThreadChoice:
             self._usual = min(self._usual, recent) * 0.9 + recent * 0.1
 
     def _start_trial(self, threads: int) -> None:
-        self._trying, self._trial = threads, []
+        self._trying, self._trial, self._against = threads, [], []
 
     def _end_trial(self) -> None:
         assert self._trying is not None
-        trial, before = statistics.median(self._trial), statistics.median(self._recent)
+        trial, before = statistics.median(self._trial), statistics.median(self._against)
         if trial < self.better * before:
             self.current = self._trying
             self._recent = deque(self._trial, maxlen=self.window)
@@ -128,4 +138,4 @@ class ThreadChoice:
         self._tried()
 
     def _tried(self) -> None:
-        self._trying, self._trial, self._since_trial = None, [], 0
+        self._trying, self._trial, self._against, self._since_trial = None, [], [], 0
