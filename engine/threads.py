@@ -8,7 +8,9 @@ long. One thread fewer then does better than all of them. `ThreadChoice` watches
 time of decode-only steps per sequence: when it rises well above what it was, it tries
 fewer threads for a few steps and keeps them if they step faster. A trial alternates the
 two counts step by step, so that both are timed on the same batches: a batch that grows
-or shrinks meanwhile changes the time per sequence far more than threads do. Now and then it tries
+or shrinks meanwhile changes the time per sequence far more than threads do. It tries them
+on decode steps only: after a step that prefilled, the next runs on the chosen count, so
+that a burst of long prefill steps does not run on a count that may lose. Now and then it tries
 the other count anyway (less often each time that loses): on fewer threads, so that the
 engine takes its cores back once they are free; on all, to find a core that was taken
 before any step was timed.
@@ -16,6 +18,7 @@ before any step was timed.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -73,19 +76,23 @@ class ThreadChoice:
         self.max_retry_every = max_retry_every
         # The first trial comes as soon as a window of steps is timed.
         self._next_retry = window
-        # Seconds per sequence of the latest decode-only steps on `current` threads.
+        # The latest decode-only steps on every thread: each one's seconds per sequence
+        # over the usual for its batch's size.
         self._recent: deque[float] = deque(maxlen=window)
-        # What such a step took while all went well: the bar a slowdown is measured by.
-        self._usual: float | None = None
+        # Seconds per sequence of a decode step while all went well, by the batch's size
+        # (`_size_class`): the bar a slowdown is measured by. A batch of more sequences
+        # costs less per sequence, so a batch that shrinks is no slowdown.
+        self._usual: dict[int, float] = {}
         self._trying: int | None = None
         self._trial: list[float] = []  # on `_trying` threads
         self._against: list[float] = []  # on `current` threads, between those
         self._since_trial = 0
         self._ran = most  # what the step being timed runs on
+        self._decoded = True  # whether the last step timed was decode-only
 
     def threads(self) -> int:
         """The threads the next step should use."""
-        if self._trying is None:
+        if self._trying is None or not self._decoded:
             self._ran = self.current
         elif len(self._trial) <= len(self._against):
             self._ran = self._trying
@@ -95,7 +102,8 @@ class ThreadChoice:
 
     def record(self, seconds: float, num_seqs: int, decode_only: bool) -> None:
         """Takes in the time of the step just run on `threads()` threads."""
-        if not decode_only or num_seqs <= 0:
+        self._decoded = decode_only and num_seqs > 0
+        if not self._decoded:
             return
         cost = seconds / num_seqs
         if self._trying is not None:
@@ -103,20 +111,24 @@ class ThreadChoice:
             if min(len(self._trial), len(self._against)) >= self.window:
                 self._end_trial()
             return
-        self._recent.append(cost)
         self._since_trial += 1
-        if len(self._recent) < self.window:
-            return
-        recent = statistics.median(self._recent)
-        if self._usual is None:
-            self._usual = recent
         fewer = max(1, self.most // 2)
-        if self.current == self.most and recent > self.slower * self._usual:
-            self._start_trial(fewer)
-        elif self._since_trial >= self._next_retry:
+        if self.current == self.most:
+            self._recent.append(self._over_usual(cost, num_seqs))
+            slow = len(self._recent) == self.window
+            if slow and statistics.median(self._recent) > self.slower:
+                self._start_trial(fewer)
+                return
+        if self._since_trial >= self._next_retry:
             self._start_trial(self.most if self.current < self.most else fewer)
-        elif self.current == self.most:
-            self._usual = min(self._usual, recent) * 0.9 + recent * 0.1
+
+    def _over_usual(self, cost: float, num_seqs: int) -> float:
+        """`cost` over the usual for batches of about `num_seqs`, which it then moves
+        towards (slowly upwards); 1 for a size not seen before."""
+        size = _size_class(num_seqs)
+        usual = self._usual.get(size)
+        self._usual[size] = cost if usual is None else min(usual, cost) * 0.9 + cost * 0.1
+        return 1.0 if usual is None else cost / usual
 
     def _start_trial(self, threads: int) -> None:
         self._trying, self._trial, self._against = threads, [], []
@@ -126,16 +138,17 @@ class ThreadChoice:
         trial, before = statistics.median(self._trial), statistics.median(self._against)
         if trial < self.better * before:
             self.current = self._trying
-            self._recent = deque(self._trial, maxlen=self.window)
             self._next_retry = self.retry_every
-            if self.current == self.most:
-                self._usual = trial
-            self._tried()
-            return
-        self._next_retry = min(max(2 * self._next_retry, self.retry_every), self.max_retry_every)
-        if self.current == self.most:
-            self._usual = before  # slower for another reason (fewer or longer sequences)
-        self._tried()
-
-    def _tried(self) -> None:
+        else:
+            self._next_retry = min(
+                max(2 * self._next_retry, self.retry_every), self.max_retry_every
+            )
+        # Either way the usual costs are learnt anew: on other threads, or slower for
+        # another reason (longer contexts, say).
+        self._usual, self._recent = {}, deque(maxlen=self.window)
         self._trying, self._trial, self._against, self._since_trial = None, [], [], 0
+
+
+def _size_class(num_seqs: int) -> int:
+    """Batch sizes within about a quarter of each other share a class."""
+    return round(4 * math.log2(num_seqs))

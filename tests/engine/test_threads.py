@@ -82,3 +82,28 @@ def test_batches_that_shrink_and_grow_do_not_pass_for_a_faster_thread_count() ->
         choice.record(per_seq * num_seqs, num_seqs=num_seqs, decode_only=True)
     # Only the trials, at most one every 64 steps by then, step on one thread.
     assert used[-1000:].count(1) <= (1000 // 64 + 1) * choice.window
+
+
+def test_steps_that_prefill_run_on_the_chosen_threads_even_during_a_trial() -> None:
+    choice = ThreadChoice(2, retry_every=1000)
+    used = run(choice, QUIET, 10)  # the first trial has begun: one thread, then two
+    assert used[-2:] == [1, 2]
+    prefills = []
+    for _ in range(20):  # a wave of new requests' prompts
+        prefills.append(choice.threads())
+        choice.record(0.3, num_seqs=8, decode_only=False)
+    assert prefills == [1] + [2] * 19  # the step after the last decode one, then every thread
+    assert run(choice, QUIET, 4).count(1) == 2  # the trial goes on with decode steps
+
+
+def test_the_end_of_a_wave_is_no_slowdown() -> None:
+    """A shrinking batch costs more per sequence, on every thread count alike: no trial."""
+    choice = ThreadChoice(2, retry_every=10_000)
+    used = []
+    for step in range(800):
+        num_seqs = 64 - (step % 80) * 63 // 79
+        threads = choice.threads()
+        used.append(threads)
+        per_seq = QUIET[threads] * (0.05 + 4 / num_seqs)
+        choice.record(per_seq * num_seqs, num_seqs=num_seqs, decode_only=True)
+    assert used.count(1) == choice.window  # the first trial only
