@@ -23,6 +23,7 @@ from services.admission.requests import Limits
 from services.admission.scheduler_client import SchedulerClient
 from services.admission.stream import RunFeed
 from services.admission.stream_limits import DEFAULT_MAX_CONCURRENT_STREAMS
+from services.admission.tenant_gate import DEFAULT_ADMISSIONS_PER_TENANT
 from services.admission.tenant_store import DEFAULT_MAX_CONCURRENT_RUNS
 from services.console import ConsoleSettings, console_router
 from services.core.config import (
@@ -105,6 +106,9 @@ class AdmissionSettings:
                     env_str("TOLLGATE_CURRENCY", DEFAULT_CURRENCY),
                 ),
                 key_cache_seconds=env_float("TOLLGATE_KEY_CACHE_SECONDS", KEY_CACHE_SECONDS),
+                admissions_per_tenant=env_int(
+                    "TOLLGATE_ADMISSIONS_PER_TENANT", DEFAULT_ADMISSIONS_PER_TENANT
+                ),
             ),
             default_max_concurrent_runs=env_int(
                 "TOLLGATE_DEFAULT_MAX_CONCURRENT_RUNS", DEFAULT_MAX_CONCURRENT_RUNS

@@ -28,6 +28,7 @@ from services.admission.stream_limits import (
     StreamCounts,
     StreamLimits,
 )
+from services.admission.tenant_gate import DEFAULT_ADMISSIONS_PER_TENANT, TenantGate
 from services.admission.tenant_store import TenantStore
 from services.admission.tracing import generate_span
 from services.core.auth import Principal, authenticate
@@ -73,6 +74,8 @@ class GatewayConfig:
     key_check_interval: float = KEY_CHECK_SECONDS
     # How long a key's answer stands without a query (services.core.key_cache).
     key_cache_seconds: float = KEY_CACHE_SECONDS
+    # One tenant's admissions in progress at once at this replica (tenant_gate.py).
+    admissions_per_tenant: int = DEFAULT_ADMISSIONS_PER_TENANT
 
 
 class Gateway:
@@ -108,6 +111,8 @@ class Gateway:
         self.auth_failures = FailedAttempts()
         # Each key's last use, written in batches by `run()`.
         self.key_usage = KeyUsage()
+        # A few of each tenant's admissions at once (tenant_gate.py).
+        self.tenant_gate = TenantGate(config.admissions_per_tenant)
         # Keys that authenticated lately, looked up again after `key_cache_seconds`.
         self.key_cache = KeyCache(config.key_cache_seconds)
 
@@ -143,9 +148,10 @@ class Gateway:
         except QuotaExceeded as refused:
             return await self._earlier_run(tenant_id, params, refused)
         try:
-            started = await self._admit(
-                replace(candidate, admission=await self._prepare(candidate, run_id))
-            )
+            async with self.tenant_gate.admitting(tenant_id):
+                started = await self._admit(
+                    replace(candidate, admission=await self._prepare(candidate, run_id))
+                )
         except BaseException:
             self.streams.release(tenant_id, run_id)
             raise
