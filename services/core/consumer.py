@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.core.config import RUN_EVENTS_TOPIC
 from services.core.db import Database, driver_cursor
 from services.core.idle import IdleFetch
-from services.core.kafka import EventConsumer
+from services.core.kafka_consumer import EventConsumer
 from services.core.runs import RunState, StoredEvent
 
 log = structlog.get_logger(__name__)

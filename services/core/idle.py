@@ -23,7 +23,7 @@ import structlog
 from psycopg.conninfo import make_conninfo
 
 from services.core.db import EVENTS_CHANNEL, KEEPALIVES, Database, Listener, libpq_url
-from services.core.kafka import EventConsumer
+from services.core.kafka_consumer import EventConsumer
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ import structlog
 
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.idle import IdleFetch
-from services.core.kafka import EventConsumer
+from services.core.kafka_consumer import EventConsumer
 from services.core.runs import ENDED_STATES, RunState, StoredEvent, is_ended
 from services.scheduler.records import QueuedRun
 from services.scheduler.scheduler_store import SchedulerStore

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from services.core.consumer import TrackingConsumer
 from services.core.db import Database
 from services.core.event_store import EventStore
-from services.core.kafka import EventConsumer
+from services.core.kafka_consumer import EventConsumer
 from services.core.relay import OutboxRelay
 from services.core.runs import NewEvent, RunState, StoredEvent
 from tests.conftest import TOPIC_PARTITIONS

@@ -9,7 +9,8 @@ from aiokafka import ConsumerRecord
 from prometheus_client import REGISTRY
 
 from services.core.codec import to_proto
-from services.core.kafka import EventConsumer, Publisher, cloudevent_headers
+from services.core.kafka import Publisher, cloudevent_headers
+from services.core.kafka_consumer import EventConsumer
 from services.core.runs import RunState, StoredEvent
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)

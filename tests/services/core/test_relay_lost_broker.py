@@ -16,8 +16,10 @@ from aiokafka.errors import KafkaError
 
 from services.core.db import Database
 from services.core.event_store import EventStore
-from services.core.kafka import EventConsumer, ensure_topics
-from services.core.relay import LostLog, OutboxRelay
+from services.core.kafka import ensure_topics
+from services.core.kafka_consumer import EventConsumer
+from services.core.relay import OutboxRelay
+from services.core.relay_state import LostLog
 from tests.services.core.events import start_run
 from tests.services.core.kafka_tools import Broker, read_topic
 from tests.services.core.test_relay import ids_of, running, wait_for

@@ -6,7 +6,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from services.core.config import RUN_EVENTS_TOPIC, consumer_group
 from services.core.db import Database
 from services.core.event_store import EventStore
-from services.core.kafka import EventConsumer
+from services.core.kafka_consumer import EventConsumer
 from services.core.pricing import PriceTable
 from services.core.relay import OutboxRelay
 from services.core.runs import RunState
