@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 import httpx2
 import pytest
+import sqlalchemy as sa
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -335,3 +336,21 @@ async def test_an_sse_stream_of_a_revoked_key_ends_with_an_error_event(
     finally:
         await server.stop()
         await task
+
+
+async def test_a_key_revoked_through_another_replica_stops_working_within_the_cache_seconds(
+    admission: Admission,
+) -> None:
+    tenant_id = await new_tenant(admission)
+    key = await create_key(admission, tenant_id)
+    admission.core.key_cache.seconds = 0.5
+    await list_runs_with(admission, key.secret)  # looked up, and kept
+    async with admission.db.begin() as conn:  # as another replica's RevokeApiKey does
+        await conn.execute(
+            sa.text("UPDATE api_keys SET revoked_at = now() WHERE key_id = :key_id"),
+            {"key_id": key.key_id},
+        )
+    await list_runs_with(admission, key.secret)  # this replica has not asked again yet
+    await asyncio.sleep(0.6)
+    error = await refusal(list_runs_with(admission, key.secret))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
