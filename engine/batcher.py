@@ -3,7 +3,12 @@
 Each step has a token budget. Running sequences that decode (one uncomputed token) are
 served first, in rank order (interactive before batch, then arrival), then prompts being
 prefilled, in chunks that fit what is left of the budget, then waiting requests are
-admitted. When the pool runs out of blocks, the lowest-ranked running sequence is
+admitted. Prefills and admissions take turns by tenant within a priority: each tenant's
+first prompt before any tenant's second, and while several tenants' prompts wait, none
+takes more than an even part of what the decodes left of the step until the others have
+theirs; the waiting request admitted next is of the tenant that runs the fewest. So a
+tenant with one request is not held behind another's hundred. A sequence's tenant is its
+request's cache namespace (the worker gives the tenant's id). When the pool runs out of blocks, the lowest-ranked running sequence is
 preempted (its blocks are freed and it is recomputed later); a sequence is only ever
 preempted in favour of a higher-ranked one, so the highest-ranked request always makes
 progress and preemptions cannot cycle.
@@ -12,6 +17,9 @@ progress and preemptions cannot cycle.
 from __future__ import annotations
 
 import bisect
+import heapq
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
@@ -107,9 +115,22 @@ class Batcher:
 
     def schedule(self) -> StepPlan:
         draft = _StepDraft(self.max_num_batched_tokens)
-        self._schedule_running(draft)
+        decodes = sorted((s for s in self.running if s.num_uncomputed_tokens <= 1), key=_rank)
+        for seq in decodes:
+            self._schedule(seq, draft.budget, draft)
+        prefills = in_turns([s for s in self.running if s.num_uncomputed_tokens > 1])
+        tenants = {s.tenant for s in prefills} | {s.tenant for s in self.waiting}
+        # What each tenant's prompts may take of the step before the others have theirs.
+        share = draft.budget // len(tenants) if len(tenants) > 1 else draft.budget
+        given: Counter[str] = Counter()
+        for seq in prefills:
+            given[seq.tenant] += self._schedule(seq, share - given[seq.tenant], draft)
         if not draft.preempted:
-            self._admit_waiting(draft)
+            prefills += self._admit_waiting(draft, share, given)
+        for seq in prefills:  # what is left of the step, in the same turns
+            self._schedule(seq, draft.budget, draft)
+        if not draft.preempted and draft.budget > 0:
+            self._admit_waiting(draft, None, given)
         return draft.plan()
 
     def on_executed(self, plan: StepPlan) -> None:
@@ -118,17 +139,19 @@ class Batcher:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.block_manager.commit(chunk.seq)
 
-    def _schedule_running(self, draft: _StepDraft) -> None:
-        order = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.rank))
-        for seq in order:
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted earlier in this step
-            num_tokens = min(seq.num_uncomputed_tokens, draft.budget)
-            if num_tokens <= 0:
-                break
-            if self._make_room(seq, num_tokens, draft):
-                self.block_manager.allocate(seq, num_tokens)
-                draft.add(seq, num_tokens)
+    def _schedule(self, seq: Sequence, most: int, draft: _StepDraft) -> int:
+        """Schedules up to `most` more of `seq`'s uncomputed tokens in this step (after
+        those scheduled already); how many it did."""
+        if seq.status is not SeqStatus.RUNNING:
+            return 0  # preempted earlier in this step
+        had = draft.tokens.get(seq.request_id, 0)
+        more = min(seq.num_uncomputed_tokens - had, draft.budget, most)
+        if more <= 0 or not self._make_room(seq, had + more, draft):
+            return 0
+        self.block_manager.allocate(seq, had + more)
+        draft.drop(seq)
+        draft.add(seq, had + more)
+        return more
 
     def _make_room(self, seq: Sequence, num_tokens: int, draft: _StepDraft) -> bool:
         """Preempt lower-ranked sequences until `seq` fits; False if `seq` itself had to go."""
@@ -148,10 +171,19 @@ class Batcher:
         seq.num_preemptions += 1
         self.add(seq)
 
-    def _admit_waiting(self, draft: _StepDraft) -> None:
+    def _admit_waiting(
+        self, draft: _StepDraft, share: int | None, given: Counter[str]
+    ) -> list[Sequence]:
+        """Admits what fits, each with a first chunk of its tenant's part of the step
+        (`share` less what it was `given`; None: what is left); the sequences admitted."""
         manager = self.block_manager
-        while self.waiting and draft.budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        admitted: list[Sequence] = []
+        for seq in self._admission_order():
+            if draft.budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            room = draft.budget if share is None else min(share - given[seq.tenant], draft.budget)
+            if room <= 0:
+                continue  # its tenant has had its part; another's may come next
             cached = manager.match_prefix(seq)
             # Admit only what can finish its prefill without preempting anyone; keep a
             # reserve for the running sequences' next blocks.
@@ -159,12 +191,54 @@ class Batcher:
             if not manager.can_allocate(seq, seq.num_uncomputed_tokens, reserve):
                 manager.free(seq)
                 break
-            num_tokens = min(seq.num_uncomputed_tokens, draft.budget)
+            num_tokens = min(seq.num_uncomputed_tokens, room)
             manager.allocate(seq, num_tokens)
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             seq.status = SeqStatus.RUNNING
             seq.kv_clock = None
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
             self.running.append(seq)
             draft.add(seq, num_tokens)
+            given[seq.tenant] += num_tokens
+            admitted.append(seq)
+        return admitted
+
+    def _admission_order(self) -> Iterator[Sequence]:
+        """The waiting sequences in the order they are admitted: by rank while one tenant
+        has all of them and all that runs; else, within a priority, the next of the tenant
+        that runs the fewest (counting those admitted meanwhile), first come first served
+        among equals."""
+        tenants = {s.tenant for s in self.waiting} | {s.tenant for s in self.running}
+        if len(tenants) <= 1:
+            yield from list(self.waiting)
+            return
+        queues: defaultdict[tuple[int, str], deque[Sequence]] = defaultdict(deque)
+        for seq in self.waiting:
+            queues[(int(seq.priority), seq.tenant)].append(seq)
+        running = Counter(s.tenant for s in self.running)
+        heap = [(p, running[t], q[0].arrival_index, t) for (p, t), q in queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            priority, num_running, _, tenant = heapq.heappop(heap)
+            queue = queues[(priority, tenant)]
+            yield queue.popleft()
+            if queue:
+                heapq.heappush(heap, (priority, num_running + 1, queue[0].arrival_index, tenant))
+
+
+def _rank(seq: Sequence) -> tuple[int, int]:
+    return seq.rank
+
+
+def in_turns(seqs: list[Sequence]) -> list[Sequence]:
+    """`seqs` in rank order, but within a priority each tenant's first before any tenant's
+    second, and so on."""
+    turns: Counter[tuple[int, str]] = Counter()
+    keyed = []
+    for seq in sorted(seqs, key=_rank):
+        key = (int(seq.priority), seq.tenant)
+        keyed.append(((int(seq.priority), turns[key], seq.arrival_index), seq))
+        turns[key] += 1
+    keyed.sort(key=lambda item: item[0])
+    return [seq for _, seq in keyed]

@@ -201,6 +201,7 @@ class LLMEngine:
         )
         self.limits.check(token_ids, params)
         arrival_index = next(self._arrivals)
+        tenant = cache_namespace
         if params.prompt_logprobs is not None:
             # Its prompt is computed whole, so it shares no prefix with other requests.
             cache_namespace = f"{cache_namespace}\x00{request_id}\x00{arrival_index}"
@@ -214,6 +215,7 @@ class LLMEngine:
                 token_ids,
                 params,
                 priority=Priority.parse(priority),
+                tenant=tenant,
                 arrival_index=arrival_index,
                 cache_root=cache_root,
                 arrival_time=self._clock(),

@@ -25,6 +25,7 @@ class Sequence:
         "request_id",
         "params",
         "priority",
+        "tenant",
         "arrival_index",
         "cache_root",
         "adapter_slot",
@@ -56,6 +57,7 @@ class Sequence:
         params: SamplingParams,
         *,
         priority: Priority = Priority.INTERACTIVE,
+        tenant: str = "",
         arrival_index: int = 0,
         cache_root: bytes = b"",
         arrival_time: float = 0.0,
@@ -64,6 +66,7 @@ class Sequence:
         self.request_id = request_id
         self.params = params
         self.priority = priority
+        self.tenant = tenant  # whose request: prefills and admissions take turns by it
         self.arrival_index = arrival_index
         self.cache_root = cache_root
         self.adapter_slot = adapter_slot  # 0: the base model; i: the engine's adapter i

@@ -140,3 +140,68 @@ def test_finish_in_any_state_returns_blocks() -> None:
         batcher.finish(seq)
     assert not batcher.has_unfinished
     assert manager.num_free_blocks == manager.num_total_blocks
+
+
+def tenant_seq(rid: str, tenant: str, prompt_len: int, max_tokens: int) -> Sequence:
+    seq = make_seq(rid, prompt_len, max_tokens)
+    seq.tenant = tenant
+    return seq
+
+
+def test_a_tenants_one_prompt_is_not_held_behind_anothers_many() -> None:
+    batcher = Batcher(BlockManager(4096, 16), max_num_batched_tokens=512, max_num_seqs=256)
+    flood = [tenant_seq(f"f{i}", "flood", 400, 8) for i in range(20)]
+    for seq in flood:
+        batcher.add(seq)
+    step(batcher)  # the flood's prompts start prefilling
+    light = tenant_seq("light", "light", 30, 2)
+    batcher.add(light)
+    plan = step(batcher)
+    # Admitted and prefilled whole at once, the flood's prompts taking the rest.
+    assert light.num_output_tokens == 1
+    assert plan.num_tokens == 512
+    assert {chunk.seq.tenant for chunk in plan.chunks} == {"flood", "light"}
+
+
+def test_while_two_tenants_prefill_each_gets_an_even_part_of_the_step_first() -> None:
+    batcher = Batcher(BlockManager(4096, 16), max_num_batched_tokens=512, max_num_seqs=256)
+    first = [tenant_seq(f"a{i}", "a", 1000, 4) for i in range(3)]
+    second = tenant_seq("b0", "b", 1000, 4)
+    for seq in [*first, second]:
+        batcher.add(seq)
+    plan = step(batcher)
+    by_tenant: dict[str, int] = {}
+    for chunk in plan.chunks:
+        by_tenant[chunk.seq.tenant] = by_tenant.get(chunk.seq.tenant, 0) + chunk.num_tokens
+    assert by_tenant == {"a": 256, "b": 256}
+
+
+def test_a_lone_tenant_still_takes_the_whole_step_and_the_usual_order() -> None:
+    batcher = Batcher(BlockManager(4096, 16), max_num_batched_tokens=512, max_num_seqs=256)
+    seqs = [tenant_seq(f"a{i}", "a", 300, 4) for i in range(3)]
+    for seq in seqs:
+        batcher.add(seq)
+    plan = step(batcher)
+    assert [(c.seq.request_id, c.num_tokens) for c in plan.chunks] == [("a0", 300), ("a1", 212)]
+    assert run_until_idle(batcher) > 0
+    assert all(s.num_output_tokens == 4 for s in seqs)
+
+
+def test_the_waiting_request_admitted_next_is_of_the_tenant_that_runs_the_fewest() -> None:
+    # Room for three sequences at a time: each needs two blocks, and one is kept spare.
+    batcher = Batcher(BlockManager(7, 16), max_num_batched_tokens=512, max_num_seqs=8)
+    # Ending one at a time, so that the flood still runs two when the first ends.
+    flood = [tenant_seq(f"f{i}", "flood", 20, 4 + 3 * i) for i in range(6)]
+    for seq in flood:
+        batcher.add(seq)
+    step(batcher)
+    assert [s.request_id for s in batcher.running] == ["f0", "f1", "f2"]
+    light = tenant_seq("light", "light", 20, 2)
+    batcher.add(light)
+    admitted: list[str] = []
+    while batcher.has_unfinished:
+        step(batcher)
+        admitted += [s.request_id for s in batcher.running if s.request_id not in admitted]
+    # It went ahead of the flood's three waiting since before it.
+    assert admitted.index("light") < admitted.index("f3")
+    assert all(s.num_output_tokens == s.params.max_tokens for s in [*flood, light])
