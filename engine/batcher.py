@@ -129,8 +129,8 @@ class Batcher:
             prefills += self._admit_waiting(draft, share, given)
         for seq in prefills:  # what is left of the step, in the same turns
             self._schedule(seq, draft.budget, draft)
-        if not draft.preempted and draft.budget > 0:
-            self._admit_waiting(draft, None, given)
+        if len(tenants) > 1 and not draft.preempted and draft.budget > 0:
+            self._admit_waiting(draft, None, given)  # the parts some tenants left
         return draft.plan()
 
     def on_executed(self, plan: StepPlan) -> None:
