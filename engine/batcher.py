@@ -8,7 +8,9 @@ first prompt before any tenant's second, and while several tenants' prompts wait
 takes more than an even part of what the decodes left of the step until the others have
 theirs; the waiting request admitted next is of the tenant that runs the fewest. So a
 tenant with one request is not held behind another's hundred. A sequence's tenant is its
-request's cache namespace (the worker gives the tenant's id). When the pool runs out of blocks, the lowest-ranked running sequence is
+request's cache namespace (the worker gives the tenant's id).
+
+When the pool runs out of blocks, the lowest-ranked running sequence is
 preempted (its blocks are freed and it is recomputed later); a sequence is only ever
 preempted in favour of a higher-ranked one, so the highest-ranked request always makes
 progress and preemptions cannot cycle.

@@ -76,8 +76,8 @@ class ThreadChoice:
         self.max_retry_every = max_retry_every
         # The first trial comes as soon as a window of steps is timed.
         self._next_retry = window
-        # The latest decode-only steps on every thread: each one's seconds per sequence
-        # over the usual for its batch's size.
+        # The latest decode-only steps on all the threads: each one's seconds per
+        # sequence over the usual for its batch's size.
         self._recent: deque[float] = deque(maxlen=window)
         # Seconds per sequence of a decode step while all went well, by the batch's size
         # (`_size_class`): the bar a slowdown is measured by. A batch of more sequences
@@ -92,12 +92,9 @@ class ThreadChoice:
 
     def threads(self) -> int:
         """The threads the next step should use."""
-        if self._trying is None or not self._decoded:
-            self._ran = self.current
-        elif len(self._trial) <= len(self._against):
-            self._ran = self._trying
-        else:
-            self._ran = self.current
+        # A trial's turn comes on decode steps, every other one.
+        turn = self._decoded and len(self._trial) <= len(self._against)
+        self._ran = self._trying if self._trying is not None and turn else self.current
         return self._ran
 
     def record(self, seconds: float, num_seqs: int, decode_only: bool) -> None:
