@@ -13,7 +13,9 @@ request's cache namespace (the worker gives the tenant's id).
 When the pool runs out of blocks, the lowest-ranked running sequence is
 preempted (its blocks are freed and it is recomputed later); a sequence is only ever
 preempted in favour of a higher-ranked one, so the highest-ranked request always makes
-progress and preemptions cannot cycle.
+progress and preemptions cannot cycle. The engine's owner may also suspend a sequence
+(`suspend`: its blocks are freed, it keeps its tokens, and nothing of it is computed
+until `resume` queues it again, to be recomputed like a preempted one).
 """
 
 from __future__ import annotations
@@ -114,6 +116,17 @@ class Batcher:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SeqStatus.FINISHED
+
+    def suspend(self, seq: Sequence) -> None:
+        """Takes `seq` out of the running or waiting ones and frees its blocks; it keeps
+        its tokens, and `add` queues it again."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            seq.num_preemptions += 1
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SeqStatus.SUSPENDED
 
     def schedule(self) -> StepPlan:
         draft = _StepDraft(self.max_num_batched_tokens)

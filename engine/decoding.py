@@ -82,3 +82,8 @@ class AnswerGroup:
 
     def metrics(self) -> RequestMetrics:
         return combined([metrics_of(answer.seq) for answer in self.answers])
+
+
+def answer_id(request_id: str, index: int) -> str:
+    """The sequence id of a request's answer: the request's own for the first."""
+    return request_id if index == 0 else f"{request_id}\x00{index}"

@@ -55,6 +55,8 @@ class EngineFront(ABC):
     max_answers = 1
     # Whether it returns a prompt's logprobs (SamplingParams.prompt_logprobs).
     scores_prompts = False
+    # Whether a request can be held back and freed of its blocks (`suspend`).
+    suspends = False
 
     def __init__(self, on_step: Callable[[list[RequestOutput]], None] | None = None) -> None:
         # Sees every step's outputs together, on the event loop, before the streams do.
@@ -98,6 +100,16 @@ class EngineFront(ABC):
     @abstractmethod
     def abort(self, request_id: str) -> None:
         """Abort in any state; the stream then ends with a finish_reason "abort" output."""
+
+    def suspend(self, request_id: str) -> None:
+        """Frees a request's blocks and computes nothing of it until `resume`; its stream
+        stays open and goes on, without a gap or a repeat, once it is resumed. Only where
+        `suspends`; a request that draws several answers is not suspended."""
+        raise NotImplementedError(f"{type(self).__name__} does not suspend requests")
+
+    def resume(self, request_id: str) -> None:
+        """Lets a suspended request go on (its prompt and output are computed again)."""
+        raise NotImplementedError(f"{type(self).__name__} does not suspend requests")
 
     @abstractmethod
     async def shutdown(self) -> None:

@@ -14,8 +14,9 @@ import torch
 from engine.adapters import LoraAdapter, load_adapter
 from engine.batcher import Batcher, StepPlan
 from engine.block_manager import BlockManager
+from engine.completions import generate
 from engine.config import EngineConfig, ModelConfig
-from engine.decoding import AnswerGroup, PreparedRequest
+from engine.decoding import AnswerGroup, PreparedRequest, answer_id
 from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from engine.errors import RequestError
 from engine.grammar import Grammars
@@ -30,7 +31,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.outputs import Completion, RequestOutput, TokenLogprob, metrics_of
 from engine.prefix_hash import PrefixKey
 from engine.sampling import Priority, RequestLimits, SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import SeqStatus, Sequence
 from engine.tokenizer import Tokenizer
 
 Prompt = str | Seq[int]
@@ -39,7 +40,7 @@ Prompt = str | Seq[int]
 class LLMEngine:
     """Continuous-batching inference over one model.
 
-    Not thread-safe: call `add_request`, `abort` and `step` from one thread.
+    Not thread-safe: call its methods from one thread.
     `ProcessEngine` runs it in a child process for asyncio code.
     With `config.quantization` set, the model's linear layers are quantized in place; the
     fp32 ones left are packed for their matrix multiply (`pack_linear_layers`), and a tied
@@ -258,6 +259,25 @@ class LLMEngine:
         self._pending_outputs.append(RequestOutput(request_id, (), "", True, "abort", metrics))
         return True
 
+    def suspend(self, request_id: str) -> bool:
+        """Frees a request's blocks and computes nothing of it until `resume`: its tokens
+        so far stay, and it is recomputed then like a preempted one. False (and no
+        change) if the id is unknown or finished, or the request draws several answers."""
+        request = self._requests.get(request_id)
+        if request is None or request.group is not None:
+            return False
+        request.seq.account_kv(self._clock())
+        self.batcher.suspend(request.seq)
+        return True
+
+    def resume(self, request_id: str) -> bool:
+        """Queues a suspended request again; False if it is not suspended."""
+        request = self._requests.get(request_id)
+        if request is None or request.seq.status is not SeqStatus.SUSPENDED:
+            return False
+        self.batcher.add(request.seq)
+        return True
+
     def step(self) -> list[RequestOutput]:
         """Run one batched forward pass; return an output for every request that advanced."""
         outputs, self._pending_outputs = self._pending_outputs, []
@@ -310,39 +330,7 @@ class LLMEngine:
         self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None
     ) -> list[Completion]:
         """Run `prompts` to completion (with whatever else is queued); results in prompt order."""
-        per_prompt = (
-            list(params) if isinstance(params, Seq) else [params or SamplingParams()] * len(prompts)
-        )
-        ids = [f"generate-{next(self._arrivals)}-{i}" for i in range(len(prompts))]
-        for request_id, prompt, p in zip(ids, prompts, per_prompt, strict=True):
-            self.add_request(request_id, prompt, p)
-        tokens: dict[str, list[int]] = {i: [] for i in ids}
-        texts: dict[str, list[str]] = {i: [] for i in ids}
-        logprobs: dict[str, list[TokenLogprob]] = {i: [] for i in ids}
-        prompt_logprobs: dict[str, tuple[TokenLogprob, ...]] = {}
-        done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
-            for out in self.step():
-                if out.request_id in tokens:
-                    tokens[out.request_id].extend(out.new_token_ids)
-                    texts[out.request_id].append(out.text_delta)
-                    logprobs[out.request_id].extend(out.logprobs)
-                    if out.prompt_logprobs:
-                        prompt_logprobs[out.request_id] = out.prompt_logprobs
-                    if out.finished:
-                        done[out.request_id] = out
-        return [
-            Completion(
-                i,
-                tuple(tokens[i]),
-                "".join(texts[i]),
-                done[i].finish_reason or "",
-                done[i].metrics,
-                tuple(logprobs[i]),
-                prompt_logprobs.get(i, ()),
-            )
-            for i in ids
-        ]
+        return generate(self, prompts, params)
 
     def _on_token(
         self, request: PreparedRequest, token: int, logprob: TokenLogprob | None, now: float
@@ -410,8 +398,3 @@ class LLMEngine:
             quantization=self.config.quantization or "",
         )
         return key.root()
-
-
-def answer_id(request_id: str, index: int) -> str:
-    """The sequence id of a request's answer: the request's own for the first."""
-    return request_id if index == 0 else f"{request_id}\x00{index}"

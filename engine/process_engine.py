@@ -46,6 +46,7 @@ class ProcessEngine(EngineFront):
 
     max_answers = MAX_N
     scores_prompts = True
+    suspends = True
 
     def __init__(
         self,
@@ -139,6 +140,14 @@ class ProcessEngine(EngineFront):
         """Abort in any state; the stream then ends with a finish_reason "abort" output."""
         if request_id in self._streams and not self._closed:
             self._send(("abort", request_id))
+
+    def suspend(self, request_id: str) -> None:
+        if request_id in self._streams and not self._closed:
+            self._send(("suspend", request_id))
+
+    def resume(self, request_id: str) -> None:
+        if request_id in self._streams and not self._closed:
+            self._send(("resume", request_id))
 
     async def shutdown(self) -> None:
         """Stops the child (killed if it does not stop in time); open streams end with
@@ -240,8 +249,8 @@ def _apply(engine: LLMEngine, conn: Connection, command: tuple[Any, ...]) -> boo
     kind, *args = command
     if kind == "stop":
         return False
-    if kind == "abort":
-        engine.abort(args[0])
+    if kind in ("abort", "suspend", "resume"):
+        getattr(engine, kind)(args[0])
         return True
     request_id, token_ids, params, namespace, priority, adapter = args
     try:

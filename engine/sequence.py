@@ -10,6 +10,8 @@ from engine.sampling import Priority, SamplingParams
 class SeqStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    # Held back by its worker (`LLMEngine.suspend`): no blocks, no steps until resumed.
+    SUSPENDED = "suspended"
     FINISHED = "finished"
 
 

@@ -243,3 +243,41 @@ def test_text_prompts_and_model_fingerprint(make_engine: MakeEngine) -> None:
     )
     outs = run_all(engine)["t"]
     assert outs[-1].metrics.num_prompt_tokens == len(engine.tokenizer.encode("the toll gate"))
+
+
+def test_a_suspended_request_goes_on_after_resume_with_the_same_tokens(
+    make_engine: MakeEngine,
+) -> None:
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True)
+    alone = make_engine()
+    alone.add_request("a", prompt(30), params)
+    expected = tokens_of(run_all(alone)["a"])
+    engine = make_engine()
+    engine.add_request("a", prompt(30), params)
+    engine.add_request("b", prompt(20, seed=2), GREEDY)
+    made: list[int] = []
+    while len(made) < 8:
+        made += [t for out in engine.step() if out.request_id == "a" for t in out.new_token_ids]
+    assert engine.suspend("a")
+    while_suspended = [engine.step() for _ in range(5)]
+    assert all(out.request_id != "a" for outs in while_suspended for out in outs)
+    assert engine.num_free_blocks > 0 and engine.resume("a") and not engine.resume("a")
+    outs = run_all(engine)["a"]
+    assert made + list(tokens_of(outs)) == list(expected)
+    assert outs[-1].metrics.num_preemptions == 1
+    assert outs[-1].metrics.num_prompt_tokens == 30
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_an_aborted_suspended_request_ends_and_several_answers_are_not_suspended(
+    make_engine: MakeEngine,
+) -> None:
+    engine = make_engine()
+    engine.add_request("a", prompt(30), GREEDY)
+    engine.add_request("n", prompt(10), SamplingParams(max_tokens=4, n=2, temperature=1.0))
+    engine.step()
+    assert engine.suspend("a") and not engine.suspend("n") and not engine.suspend("nope")
+    assert engine.abort("a")
+    outs = run_all(engine)
+    assert outs["a"][-1].finish_reason == "abort"
+    assert engine.num_free_blocks == engine.num_total_blocks

@@ -183,3 +183,23 @@ async def test_commands_never_wait_on_the_event_loop_for_a_busy_child(tiny_dir: 
         resume.cancel()
         os.kill(pid, signal.SIGCONT)
         await engine.shutdown()
+
+
+async def test_a_suspended_stream_pauses_and_goes_on_without_a_gap(
+    make_engine: Callable[..., LLMEngine], started: Started
+) -> None:
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    expected = make_engine().generate([[5, 6, 7]], params)[0].token_ids
+    engine, _ = started
+    assert engine.suspends
+    other = engine.add_request("other", [8, 9], ENDLESS)
+    stream = engine.add_request("long", [5, 6, 7], params)
+    first = await stream.__anext__()
+    engine.suspend("long")
+    for _ in range(5):  # steps go on without it
+        await other.__anext__()
+    engine.resume("long")
+    rest = await collect(stream)
+    assert first.new_token_ids + tuple(t for o in rest for t in o.new_token_ids) == expected
+    assert rest[-1].metrics.num_preemptions == 1
+    engine.abort("other")
