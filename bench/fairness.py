@@ -51,6 +51,7 @@ P99_RATIO_TARGET = 2.0
 LIGHT_PROMPT_TOKENS = 24
 LIGHT_MAX_TOKENS = 4
 REFUSED_PAUSE_S = 0.5
+SUSPENDED_LOG = "run suspended for another tenant's"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +92,18 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
                     disconnect_grace=1.0,
                 )
                 queued_at = 0.0
+                tokens = 0
                 try:
                     async with stream:
                         async for event in stream:
-                            if event.kind == "queued":
+                            if event.kind == "streaming":
+                                tokens += len(event.token_ids)
+                            elif event.kind == "completed":
+                                # Suspended runs included: each token reaches its client once.
+                                counts["tokens_checked"] += 1
+                                if event.usage is None or tokens != event.usage.output_tokens:
+                                    counts["tokens_mismatched"] += 1
+                            elif event.kind == "queued":
                                 queued_at = time.perf_counter()
                                 in_flight[slot] = event.run_id
                                 counts["queued"] += 1
@@ -233,7 +242,19 @@ def parse_args() -> argparse.Namespace:
 
 
 def bench(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    return on_tiny_stack(args, scratch, measure)
+    args.logs = args.logs or scratch / "logs"
+    result = on_tiny_stack(args, scratch, measure)
+    # The flood's runs suspended to make room for the light tenant's (the worker logs each).
+    result["flood"]["suspended"] = sum(
+        path.read_text(errors="replace").count(SUSPENDED_LOG)
+        for path in args.logs.glob("worker*.log")
+    )
+    flood = result["flood"]
+    progress(
+        f"flood: {flood['suspended']} runs suspended; of {flood.get('tokens_checked', 0)} "
+        f"completed, {flood.get('tokens_mismatched', 0)} with other than their tokens once"
+    )
+    return result
 
 
 def main() -> int:

@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from services.admission.admit import Admitted
+from services.core.codec import tenant_loads_of
 from services.core.fleet import FleetView, WorkerLoad
 from services.core.internal import internal_channel
 from tollgate.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -114,4 +115,5 @@ def hinted_run(admitted: Admitted) -> scheduler_pb2.HintedRun:
 
 
 def worker_load(message: scheduler_pb2.WorkerLoad) -> WorkerLoad:
-    return WorkerLoad(*(getattr(message, f.name) for f in fields(WorkerLoad)))
+    values = {f.name: getattr(message, f.name) for f in fields(WorkerLoad)}
+    return WorkerLoad(**{**values, "tenants": tenant_loads_of(message.tenants)})

@@ -1,4 +1,5 @@
-"""Translation between stored events and the public protobuf `RunEvent`.
+"""Translation between stored events and the public protobuf `RunEvent`, and of the
+tenants' shares of a worker (`TenantShare`).
 
 The one place the event payloads (JSON objects named like the proto fields)
 meet the generated protobuf types.
@@ -6,7 +7,7 @@ meet the generated protobuf types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,7 +16,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from services.core.runs import RunState, StoredEvent
-from tollgate.v1 import events_pb2
+from services.core.shares import TenantLoad
+from tollgate.v1 import events_pb2, worker_pb2
 
 PROTO_STATES: Mapping[RunState, int] = {
     RunState.QUEUED: events_pb2.RUN_STATE_QUEUED,
@@ -150,3 +152,24 @@ def _payload_value(field: FieldDescriptor, value: Any) -> Any:
 
 def kind_of(message: events_pb2.RunEvent) -> RunState:
     return STATES_BY_PROTO[message.state]
+
+
+def tenant_shares(loads: Iterable[TenantLoad]) -> list[worker_pb2.TenantShare]:
+    """Each tenant's runs on a worker (`services/core/shares.py`) as `TenantShare`s."""
+    return [
+        worker_pb2.TenantShare(
+            tenant_id=load.tenant_id,
+            weight=load.weight,
+            num_kv_blocks=load.num_kv_blocks,
+            num_runs=load.num_runs,
+            num_suspended_runs=load.num_suspended_runs,
+        )
+        for load in loads
+    ]
+
+
+def tenant_loads_of(shares: Iterable[worker_pb2.TenantShare]) -> tuple[TenantLoad, ...]:
+    return tuple(
+        TenantLoad(s.tenant_id, max(1, s.weight), s.num_kv_blocks, s.num_runs, s.num_suspended_runs)
+        for s in shares
+    )

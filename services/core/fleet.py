@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.core.shares import TenantLoad
+
 INTERACTIVE, BATCH = "interactive", "batch"
 
 
@@ -23,6 +25,8 @@ class WorkerLoad:
     draining: bool
     suspect: bool
     engine_kind: str = ""  # what serves its tokens; "" = not reported
+    # Each tenant's runs there as last reported: its part of the worker.
+    tenants: tuple[TenantLoad, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

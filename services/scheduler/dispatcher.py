@@ -87,7 +87,7 @@ class Dispatcher:
         run = self.state.take_next(time.time())
         if run is None:
             return None
-        worker = self.state.registry.choose(run.num_kv_blocks, run.model)
+        worker = self.state.worker_for(run)
         if worker is None:  # cannot happen right after take_next; be safe anyway
             self.state.put_back(run)
             return None

@@ -10,6 +10,7 @@ from datetime import UTC
 
 import grpc
 
+from services.core.codec import tenant_loads_of
 from services.core.errors import FailedPrecondition, FieldViolation, InvalidArgument
 from services.core.grpc_errors import rpc_errors
 from services.scheduler.cancel import Canceller
@@ -93,6 +94,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             running_run_ids=frozenset(request.running_run_ids),
             draining=request.draining,
             boot_id=request.boot_id,
+            tenants=tenant_loads_of(request.tenants),
+            suspends_runs=request.suspends_runs,
         )
         known = self.state.registry.heartbeat(request.worker_id, report, time.monotonic())
         if known:

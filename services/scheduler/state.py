@@ -111,8 +111,18 @@ class SchedulerState:
         return run
 
     def _run_fits(self, run_id: str) -> bool:
-        run = self.queued[run_id]
-        return self.registry.choose(run.num_kv_blocks, run.model) is not None
+        return self.worker_for(self.queued[run_id]) is not None
+
+    def worker_for(self, run: QueuedRun) -> Worker | None:
+        """The worker `run` goes to now: the one with the most free blocks that fits it,
+        else, for an interactive run, one where runs of tenants over their shares would
+        be suspended to make room for it (`services/core/shares.py`)."""
+        worker = self.registry.choose(run.num_kv_blocks, run.model)
+        if worker is None and run.queue_class == QueueClass.INTERACTIVE:
+            worker = self.registry.choose_making_room(
+                run.num_kv_blocks, run.model, run.tenant_id, run.weight
+            )
+        return worker
 
     def _may_ever_fit(self, run_id: str) -> bool:
         run = self.queued[run_id]
@@ -194,4 +204,5 @@ def _load(worker: Worker, num_running: int) -> WorkerLoad:
         draining=worker.draining,
         suspect=worker.suspect,
         engine_kind=worker.engine_kind,
+        tenants=worker.tenants,
     )

@@ -11,6 +11,7 @@ import grpc
 import structlog
 from google.protobuf import json_format
 
+from services.core.codec import tenant_loads_of
 from services.core.internal import internal_channel
 from services.core.telemetry import current_traceparent
 from services.scheduler.fair_queue import QueueClass
@@ -66,6 +67,7 @@ def assign_request(run: QueuedRun, grant: Grant) -> worker_pb2.AssignRunRequest:
         traceparent=current_traceparent() or run.traceparent,
         last_seq=grant.last_seq,
         cache_namespace=run.tenant_id,
+        tenant_weight=max(1, run.weight),
     )
     json_format.ParseDict(dict(run.sampling), request.sampling, ignore_unknown_fields=True)
     return request
@@ -83,6 +85,8 @@ def report_of(status: worker_pb2.WorkerStatus) -> WorkerReport:
         boot_id=status.boot_id,
         engine_kind=status.engine_kind,
         max_run_tokens=status.max_run_tokens,
+        tenants=tenant_loads_of(status.tenants),
+        suspends_runs=status.suspends_runs,
     )
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from services.core.shares import TenantLoad, room_by_share
+
 log = structlog.get_logger(__name__)
 
 
@@ -40,6 +42,9 @@ class WorkerReport:
     boot_id: str = ""  # "": not reported
     engine_kind: str = ""  # "": not reported
     max_run_tokens: int | None = None  # None: not reported; 0: what the pool holds
+    # Each tenant's runs there, and whether runs can be suspended for a tenant's share.
+    tenants: tuple[TenantLoad, ...] = ()
+    suspends_runs: bool = False
 
 
 @dataclass(slots=True)
@@ -67,6 +72,10 @@ class Worker:
     max_run_tokens: int = 0
     # Runs reserved here that no report has listed yet: their blocks, and when reserved.
     held: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # Each tenant's runs as last reported (empty after a run was refused room since), and
+    # whether runs can be suspended there to make room for a tenant under its share.
+    tenants: tuple[TenantLoad, ...] = ()
+    suspends_runs: bool = False
 
     def serves(self, model: str) -> bool:
         return not self.model or self.model == model or model in self.adapters
@@ -77,12 +86,18 @@ class Worker:
         return [self.model, *sorted(self.adapters)] if self.model else []
 
     def can_take(self, num_kv_blocks: int, model: str) -> bool:
-        return (
-            self.alive
-            and not self.suspect
-            and not self.draining
-            and self.serves(model)
-            and self.num_free_blocks >= num_kv_blocks
+        return self.dispatchable(model) and self.num_free_blocks >= num_kv_blocks
+
+    def dispatchable(self, model: str) -> bool:
+        return self.alive and not self.suspect and not self.draining and self.serves(model)
+
+    def room_for(self, num_kv_blocks: int, tenant_id: str, weight: int) -> int:
+        """The blocks a run of `tenant_id` would surely find here, suspending runs of
+        tenants over their shares where it may (services/core/shares.py)."""
+        if not self.suspends_runs:
+            return self.num_free_blocks
+        return self.num_free_blocks + room_by_share(
+            self.tenants, tenant_id, weight, num_kv_blocks, self.capacity
         )
 
     @property
@@ -166,6 +181,8 @@ class WorkerRegistry:
         worker.running_run_ids = report.running_run_ids
         worker.reported_at = now
         worker.draining = report.draining
+        worker.tenants = report.tenants
+        worker.suspends_runs = report.suspends_runs
         if report.model is not None:
             worker.model = report.model
         if report.adapters is not None:
@@ -211,10 +228,12 @@ class WorkerRegistry:
             self._workers[worker_id].suspect = True
 
     def mark_full(self, worker_id: str, num_kv_blocks: int) -> None:
-        """It refused a run of `num_kv_blocks` blocks: it has less room than that."""
+        """It refused a run of `num_kv_blocks` blocks: it has less room than that, and
+        none by suspending runs until it reports again."""
         worker = self._workers.get(worker_id)
         if worker is not None:
             worker.num_free_blocks = min(worker.num_free_blocks, num_kv_blocks - 1)
+            worker.tenants = ()
 
     def reserve(self, worker_id: str, run_id: str, num_kv_blocks: int, now: float) -> None:
         """Holds `num_kv_blocks` of the worker's for `run_id`, until a report lists it."""
@@ -240,6 +259,20 @@ class WorkerRegistry:
         """The dispatchable worker with the most free blocks that fits `num_kv_blocks`."""
         fitting = [w for w in self._workers.values() if w.can_take(num_kv_blocks, model)]
         return max(fitting, key=lambda w: (w.num_free_blocks, w.worker_id), default=None)
+
+    def choose_making_room(
+        self, num_kv_blocks: int, model: str, tenant_id: str, weight: int
+    ) -> Worker | None:
+        """Where an interactive run of `tenant_id` that fits no worker's free blocks would
+        have runs of tenants over their shares suspended to make room: the dispatchable
+        worker with the most room so, or None."""
+        rooms = [
+            (w.room_for(num_kv_blocks, tenant_id, weight), w.worker_id, w)
+            for w in self._workers.values()
+            if w.dispatchable(model)
+        ]
+        best = max(rooms, default=None, key=lambda room: room[:2])
+        return best[2] if best is not None and best[0] >= num_kv_blocks else None
 
     def may_ever_fit(self, num_kv_blocks: int, model: str) -> bool:
         """Whether some live worker serving `model` could hold `num_kv_blocks` once idle."""

@@ -13,6 +13,7 @@ import structlog
 import torch
 
 from engine.config import KV_DTYPES, QUANTIZATIONS, EngineConfig
+from services.core.codec import tenant_shares
 from services.core.config import (
     CommonSettings,
     ConfigError,
@@ -29,7 +30,7 @@ from services.core.loop import wait_set
 from services.core.metrics import start_metrics
 from services.core.server import bound_address, create_server, serve, set_serving
 from services.worker.appender import StepAppender
-from services.worker.core import WorkerCore
+from services.worker.core import WorkerCore, resume_suspended
 from services.worker.engines import EngineSettings, engine_starter
 from services.worker.live import LivePublisher
 from services.worker.runs import AssignedRun
@@ -178,6 +179,8 @@ async def heartbeat(
                     running_run_ids=status.running_run_ids,
                     draining=status.draining,
                     boot_id=status.boot_id,
+                    tenants=tenant_shares(status.tenants),
+                    suspends_runs=status.suspends_runs,
                 ),
                 timeout=2.0,
             )
@@ -263,7 +266,12 @@ async def main(settings: WorkerSettings) -> None:
     )
     # No outbox relay here: the other services run one, and this process's event loop
     # should stay quick to append each step.
-    background = [appender.run(), live.run(), supervisor.run()]
+    background = [
+        appender.run(),
+        live.run(),
+        supervisor.run(),
+        resume_suspended(core, appender.watch_ended()),
+    ]
     if settings.scheduler_address:
         # What the scheduler should dial, when it differs from the listen address (0.0.0.0, NAT).
         advertised = env_str("TOLLGATE_WORKER_ADVERTISE", "") or advertised_address(address)

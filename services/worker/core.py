@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -14,13 +15,17 @@ from engine.front import EngineFront
 from engine.sampling import Priority, SamplingParams, blocks_for_run
 from services.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from services.core.event_store import EventStore
+from services.core.loop import wait_set
 from services.core.requeue import prefill_event
 from services.core.runs import EventStoreError, NewEvent, RunState
-from services.worker.metrics import RUNNING, observe_pool
+from services.core.shares import Holding, TenantLoad, make_room, tenant_loads
+from services.worker.metrics import PREEMPTIONS, RUNNING, observe_pool
 from services.worker.runs import AssignedRun
 from services.worker.telemetry import start_run_span
 
 log = structlog.get_logger(__name__)
+
+RESUME_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,7 @@ class Assignment:
     last_seq: int
     cache_namespace: str
     traceparent: str = ""
+    tenant_weight: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,8 @@ class Status:
     boot_id: str
     engine_kind: str
     max_run_tokens: int = 0  # 0: what the pool holds
+    tenants: list[TenantLoad] = field(default_factory=list)
+    suspends_runs: bool = False
 
 
 class WorkerCore:
@@ -108,10 +116,9 @@ class WorkerCore:
             sampling.n,
             self.engine.limits.block_size,
         )
-        if needed > self.num_free_blocks:
-            raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
         if self.is_full:
             raise ResourceExhausted("the engine runs as many runs as it takes")
+        victims = self._make_room(assignment, needed)
         span, traceparent = start_run_span(
             assignment.run_id,
             assignment.tenant_id,
@@ -131,7 +138,11 @@ class WorkerCore:
             span=span,
             num_kv_blocks=needed,
             num_answers=sampling.n,
+            weight=max(1, assignment.tenant_weight),
+            interactive=assignment.priority == Priority.INTERACTIVE,
         )
+        for victim in victims:
+            self._suspend(self.runs[victim], assignment.tenant_id)
         prefill = prefill_event(self.worker_id, assignment.lease_epoch)
         try:
             self.engine.add_request(
@@ -144,12 +155,57 @@ class WorkerCore:
             )
         except RequestError as error:
             del self.runs[assignment.run_id]
+            self.resume_what_fits()  # what it suspended, if anything
             await self._fail(run, prefill, str(error))
             return
         # The engine starts now; `prefill` is appended with the next batch, which puts the
         # lease to the test: if it is stale, the append is refused and the run dropped.
         self.start_run(assignment.run_id, prefill)
         log.info("run assigned", run_id=assignment.run_id, tenant_id=assignment.tenant_id)
+
+    def _make_room(self, assignment: Assignment, needed: int) -> list[str]:
+        """The runs to suspend so that the assignment fits (none where it fits without);
+        raises ResourceExhausted where it does not fit and none may be suspended for it."""
+        if needed <= self.num_free_blocks:
+            return []
+        victims = None
+        if self.engine.suspends:
+            running = [_holding(run) for run in self.runs.values() if run.suspended_at is None]
+            incoming = Holding(
+                assignment.run_id,
+                assignment.tenant_id,
+                max(1, assignment.tenant_weight),
+                needed,
+                interactive=assignment.priority == Priority.INTERACTIVE,
+            )
+            total = self.engine.limits.num_total_blocks
+            unheld = total - sum(h.num_kv_blocks for h in running)
+            victims = make_room(running, incoming, unheld, total)
+        if victims is None:
+            raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
+        return victims
+
+    def _suspend(self, run: AssignedRun, for_tenant: str) -> None:
+        run.suspended_at = time.monotonic()
+        run.num_suspensions += 1
+        self.engine.suspend(run.run_id)
+        PREEMPTIONS.labels(self.model, "share").inc()
+        log.info("run suspended for another tenant's", run_id=run.run_id, for_tenant=for_tenant)
+
+    def resume_what_fits(self) -> None:
+        """Lets suspended runs go on, the longest suspended first, while the blocks that
+        no running run holds take them."""
+        unheld = self.engine.limits.num_total_blocks - sum(
+            run.num_kv_blocks for run in self.runs.values() if run.suspended_at is None
+        )
+        suspended = [run for run in self.runs.values() if run.suspended_at is not None]
+        for run in sorted(suspended, key=lambda r: r.suspended_at or 0.0):
+            if run.num_kv_blocks > unheld:
+                return
+            unheld -= run.num_kv_blocks
+            run.suspended_at = None
+            self.engine.resume(run.run_id)
+            log.info("suspended run resumed", run_id=run.run_id)
 
     def _check_newer(self, held: AssignedRun, assignment: Assignment) -> None:
         """A newer lease for a run held under an older one: the run was taken back and
@@ -194,9 +250,10 @@ class WorkerCore:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks not promised to a running run: each may grow to its full length."""
+        """Blocks not promised to a run: each may grow to its full length, and a suspended
+        one is promised its blocks back before any new run takes them."""
         reserved = sum(run.num_kv_blocks for run in self.runs.values())
-        return self.engine.limits.num_total_blocks - reserved
+        return max(0, self.engine.limits.num_total_blocks - reserved)
 
     @property
     def is_full(self) -> bool:
@@ -228,4 +285,35 @@ class WorkerCore:
             boot_id=self.boot_id,
             engine_kind=self.engine_kind,
             max_run_tokens=self.engine.max_run_tokens or 0,
+            tenants=self.tenant_loads(),
+            suspends_runs=self.engine.suspends,
         )
+
+    def tenant_loads(self) -> list[TenantLoad]:
+        """Each tenant's runs here: the running ones' blocks, and the suspended."""
+        runs = list(self.runs.values())
+        return tenant_loads(
+            [_holding(run) for run in runs if run.suspended_at is None],
+            [_holding(run) for run in runs if run.suspended_at is not None],
+        )
+
+
+async def resume_suspended(core: WorkerCore, runs_ended: asyncio.Event) -> None:
+    """Resumes suspended runs as runs end here, and every RESUME_INTERVAL_S for those
+    dropped or failed without an end of their own."""
+    while True:
+        await wait_set(runs_ended, RESUME_INTERVAL_S)
+        runs_ended.clear()
+        core.resume_what_fits()
+
+
+def _holding(run: AssignedRun) -> Holding:
+    return Holding(
+        run.run_id,
+        run.tenant_id,
+        run.weight,
+        run.num_kv_blocks,
+        interactive=run.interactive,
+        since=run.assigned_at,
+        suspendable=run.num_answers == 1,
+    )

@@ -8,7 +8,7 @@ semantic-convention histograms go through the OTel meter, when /metrics is on.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.metrics import Histogram as OtelHistogram
@@ -51,7 +51,10 @@ PREFIX_CACHE_HITS = Counter(
     "tollgate_prefix_cache_hits", "Prompt tokens found in the prefix cache", ["model_name"]
 )
 PREEMPTIONS = Counter(
-    "tollgate_num_preemptions", "Times a run was preempted by the engine", ["model_name"]
+    "tollgate_num_preemptions",
+    "Runs preempted, by reason: the engine's blocks ran out (kv), or suspended to make room"
+    " for a tenant under its share (share)",
+    ["model_name", "reason"],
 )
 RUNS = Counter(
     "tollgate_request_success",
@@ -71,13 +74,37 @@ class RunningRuns(Collector):
         self.model, self.runs = model, runs
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "tollgate_num_requests_running", "Runs held by this worker", labels=_BY_RUN
+        runs = list(self.runs.values())
+        yield self._family(
+            "tollgate_num_requests_running", "Runs held by this worker", runs, lambda _: 1
         )
-        counts = collections.Counter(TENANTS.of(run.tenant_id) for run in list(self.runs.values()))
-        for tenant, count in sorted(counts.items()):
-            family.add_metric([self.model, tenant], count)
-        yield family
+        yield self._family(
+            "tollgate_worker_tenant_kv_blocks",
+            "KV blocks held back for each tenant's running runs: its part of this worker",
+            [run for run in runs if run.suspended_at is None],
+            lambda run: run.num_kv_blocks,
+        )
+        yield self._family(
+            "tollgate_num_requests_suspended",
+            "Runs suspended to make room for a tenant under its share, waiting for blocks",
+            [run for run in runs if run.suspended_at is not None],
+            lambda _: 1,
+        )
+
+    def _family(
+        self,
+        name: str,
+        documentation: str,
+        runs: list[AssignedRun],
+        count: Callable[[AssignedRun], int],
+    ) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, documentation, labels=_BY_RUN)
+        totals: collections.Counter[str] = collections.Counter()
+        for run in runs:
+            totals[TENANTS.of(run.tenant_id)] += count(run)
+        for tenant, total in sorted(totals.items()):
+            family.add_metric([self.model, tenant], total)
+        return family
 
 
 RUNNING = RunningRuns()
@@ -156,8 +183,11 @@ def genai() -> GenAiInstruments | None:
     return _genai
 
 
-def observe_finished(output: RequestOutput, model: str, tenant_id: str, duration: float) -> None:
-    """Records a finished run; `duration` is from the engine taking it to its end."""
+def observe_finished(
+    output: RequestOutput, model: str, tenant_id: str, duration: float, num_suspensions: int = 0
+) -> None:
+    """Records a finished run; `duration` is from the engine taking it to its end, and
+    `num_suspensions` of its preemptions were for a share (counted when they happened)."""
     metrics = output.metrics
     labels = (model, TENANTS.of(tenant_id))
     RUNS.labels(*labels, output.finish_reason or "unknown").inc()
@@ -165,7 +195,7 @@ def observe_finished(output: RequestOutput, model: str, tenant_id: str, duration
     GENERATION_TOKENS.labels(*labels).inc(metrics.num_output_tokens)
     PREFIX_CACHE_QUERIES.labels(model).inc(metrics.num_prompt_tokens)
     PREFIX_CACHE_HITS.labels(model).inc(metrics.num_cached_prompt_tokens)
-    PREEMPTIONS.labels(model).inc(metrics.num_preemptions)
+    PREEMPTIONS.labels(model, "kv").inc(max(0, metrics.num_preemptions - num_suspensions))
     if metrics.ttft is not None:
         TTFT.labels(*labels).observe(metrics.ttft)
     if metrics.itl_mean is not None:

@@ -35,6 +35,13 @@ class AssignedRun:
     num_kv_blocks: int = 0
     # How many answers it draws (SamplingParams.n).
     num_answers: int = 1
+    # Its tenant's weight and class: its share here beside other tenants' runs.
+    weight: int = 1
+    interactive: bool = True
+    # Set while suspended to make room for another tenant's run (services/core/shares.py),
+    # with when; how often it was.
+    suspended_at: float | None = None
+    num_suspensions: int = 0
     # Set once events after `prefill` are stored.
     streamed: bool = False
     # The run's output (tokens, characters) in its stored events, and in all its outputs.

@@ -6,6 +6,7 @@ import grpc
 
 from engine.errors import RequestError
 from engine.sampling import Priority, SamplingParams
+from services.core.codec import tenant_shares
 from services.core.errors import FieldViolation, InvalidArgument
 from services.core.grpc_errors import rpc_errors
 from services.core.sampling import structure_from_proto
@@ -62,6 +63,7 @@ def assignment_from_proto(request: worker_pb2.AssignRunRequest) -> Assignment:
         last_seq=request.last_seq,
         cache_namespace=request.cache_namespace or request.tenant_id,
         traceparent=request.traceparent,
+        tenant_weight=max(1, request.tenant_weight),
     )
 
 
@@ -101,4 +103,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             running_run_ids=status.running_run_ids,
             draining=status.draining,
             boot_id=status.boot_id,
+            tenants=tenant_shares(status.tenants),
+            suspends_runs=status.suspends_runs,
         )

@@ -38,7 +38,7 @@ def start_run_span(
 def run_finished(run: AssignedRun, output: RequestOutput) -> None:
     """Records the run's metrics and closes its span with what it produced."""
     duration = time.monotonic() - run.assigned_at
-    observe_finished(output, run.model, run.tenant_id, duration)
+    observe_finished(output, run.model, run.tenant_id, duration, run.num_suspensions)
     span = run.span
     if span is None:
         return

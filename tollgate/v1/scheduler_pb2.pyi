@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from tollgate.v1 import worker_pb2 as _worker_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -45,7 +46,7 @@ class QueueStats(_message.Message):
     def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ..., num_total_blocks: _Optional[int] = ..., num_queued_interactive_blocks: _Optional[int] = ..., num_queued_batch_blocks: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect", "engine_kind")
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect", "engine_kind", "tenants")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +56,7 @@ class WorkerLoad(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     SUSPECT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_KIND_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     num_free_blocks: int
@@ -64,7 +66,8 @@ class WorkerLoad(_message.Message):
     draining: bool
     suspect: bool
     engine_kind: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ..., engine_kind: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[_worker_pb2.TenantShare]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ..., engine_kind: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[_worker_pb2.TenantShare, _Mapping]]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "boot_id", "adapters", "engine_kind")
@@ -89,18 +92,22 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "num_free_blocks", "running_run_ids", "draining", "boot_id")
+    __slots__ = ("worker_id", "num_free_blocks", "running_run_ids", "draining", "boot_id", "tenants", "suspends_runs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDS_RUNS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_free_blocks: int
     running_run_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     boot_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[_worker_pb2.TenantShare]
+    suspends_runs: bool
+    def __init__(self, worker_id: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[_worker_pb2.TenantShare, _Mapping]]] = ..., suspends_runs: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

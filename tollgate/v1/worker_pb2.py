@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tollgate.v1 import events_pb2 as tollgate_dot_v1_dot_events__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tollgate/v1/worker.proto\x12\x0btollgate.v1\x1a\x18tollgate/v1/events.proto\"\x8b\x02\n\x10\x41ssignRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.tollgate.v1.SamplingParams\x12\'\n\x08priority\x18\x06 \x01(\x0e\x32\x15.tollgate.v1.Priority\x12\x13\n\x0blease_epoch\x18\x07 \x01(\x04\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x10\n\x08last_seq\x18\t \x01(\x04\x12\x17\n\x0f\x63\x61\x63he_namespace\x18\n \x01(\t\"&\n\x11\x41ssignRunResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\":\n\x18\x43\x61ncelAssignedRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"*\n\x19\x43\x61ncelAssignedRunResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x18\n\x16GetWorkerStatusRequest\"\xf2\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\x03\x12\x18\n\x10num_total_blocks\x18\x04 \x01(\x03\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\x17\n\x0frunning_run_ids\x18\x06 \x03(\t\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0f\n\x07\x62oot_id\x18\x08 \x01(\t\x12\x10\n\x08\x61\x64\x61pters\x18\t \x03(\t\x12\x13\n\x0b\x65ngine_kind\x18\n \x01(\t\x12\x16\n\x0emax_run_tokens\x18\x0b \x01(\x03\x32\x92\x02\n\rWorkerService\x12J\n\tAssignRun\x12\x1d.tollgate.v1.AssignRunRequest\x1a\x1e.tollgate.v1.AssignRunResponse\x12\x62\n\x11\x43\x61ncelAssignedRun\x12%.tollgate.v1.CancelAssignedRunRequest\x1a&.tollgate.v1.CancelAssignedRunResponse\x12Q\n\x0fGetWorkerStatus\x12#.tollgate.v1.GetWorkerStatusRequest\x1a\x19.tollgate.v1.WorkerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tollgate/v1/worker.proto\x12\x0btollgate.v1\x1a\x18tollgate/v1/events.proto\"\xa2\x02\n\x10\x41ssignRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.tollgate.v1.SamplingParams\x12\'\n\x08priority\x18\x06 \x01(\x0e\x32\x15.tollgate.v1.Priority\x12\x13\n\x0blease_epoch\x18\x07 \x01(\x04\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x10\n\x08last_seq\x18\t \x01(\x04\x12\x17\n\x0f\x63\x61\x63he_namespace\x18\n \x01(\t\x12\x15\n\rtenant_weight\x18\x0b \x01(\x05\"&\n\x11\x41ssignRunResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\":\n\x18\x43\x61ncelAssignedRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"*\n\x19\x43\x61ncelAssignedRunResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x18\n\x16GetWorkerStatusRequest\"\xb4\x02\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\x03\x12\x18\n\x10num_total_blocks\x18\x04 \x01(\x03\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\x17\n\x0frunning_run_ids\x18\x06 \x03(\t\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0f\n\x07\x62oot_id\x18\x08 \x01(\t\x12\x10\n\x08\x61\x64\x61pters\x18\t \x03(\t\x12\x13\n\x0b\x65ngine_kind\x18\n \x01(\t\x12\x16\n\x0emax_run_tokens\x18\x0b \x01(\x03\x12)\n\x07tenants\x18\x0c \x03(\x0b\x32\x18.tollgate.v1.TenantShare\x12\x15\n\rsuspends_runs\x18\r \x01(\x08\"u\n\x0bTenantShare\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\x03\x12\x10\n\x08num_runs\x18\x04 \x01(\x05\x12\x1a\n\x12num_suspended_runs\x18\x05 \x01(\x05\x32\x92\x02\n\rWorkerService\x12J\n\tAssignRun\x12\x1d.tollgate.v1.AssignRunRequest\x1a\x1e.tollgate.v1.AssignRunResponse\x12\x62\n\x11\x43\x61ncelAssignedRun\x12%.tollgate.v1.CancelAssignedRunRequest\x1a&.tollgate.v1.CancelAssignedRunResponse\x12Q\n\x0fGetWorkerStatus\x12#.tollgate.v1.GetWorkerStatusRequest\x1a\x19.tollgate.v1.WorkerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +33,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tollgate.v1.worker_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ASSIGNRUNREQUEST']._serialized_start=68
-  _globals['_ASSIGNRUNREQUEST']._serialized_end=335
-  _globals['_ASSIGNRUNRESPONSE']._serialized_start=337
-  _globals['_ASSIGNRUNRESPONSE']._serialized_end=375
-  _globals['_CANCELASSIGNEDRUNREQUEST']._serialized_start=377
-  _globals['_CANCELASSIGNEDRUNREQUEST']._serialized_end=435
-  _globals['_CANCELASSIGNEDRUNRESPONSE']._serialized_start=437
-  _globals['_CANCELASSIGNEDRUNRESPONSE']._serialized_end=479
-  _globals['_GETWORKERSTATUSREQUEST']._serialized_start=481
-  _globals['_GETWORKERSTATUSREQUEST']._serialized_end=505
-  _globals['_WORKERSTATUS']._serialized_start=508
-  _globals['_WORKERSTATUS']._serialized_end=750
-  _globals['_WORKERSERVICE']._serialized_start=753
-  _globals['_WORKERSERVICE']._serialized_end=1027
+  _globals['_ASSIGNRUNREQUEST']._serialized_end=358
+  _globals['_ASSIGNRUNRESPONSE']._serialized_start=360
+  _globals['_ASSIGNRUNRESPONSE']._serialized_end=398
+  _globals['_CANCELASSIGNEDRUNREQUEST']._serialized_start=400
+  _globals['_CANCELASSIGNEDRUNREQUEST']._serialized_end=458
+  _globals['_CANCELASSIGNEDRUNRESPONSE']._serialized_start=460
+  _globals['_CANCELASSIGNEDRUNRESPONSE']._serialized_end=502
+  _globals['_GETWORKERSTATUSREQUEST']._serialized_start=504
+  _globals['_GETWORKERSTATUSREQUEST']._serialized_end=528
+  _globals['_WORKERSTATUS']._serialized_start=531
+  _globals['_WORKERSTATUS']._serialized_end=839
+  _globals['_TENANTSHARE']._serialized_start=841
+  _globals['_TENANTSHARE']._serialized_end=958
+  _globals['_WORKERSERVICE']._serialized_start=961
+  _globals['_WORKERSERVICE']._serialized_end=1235
 # @@protoc_insertion_point(module_scope)

@@ -20,6 +20,7 @@ export async function showFleet(container) {
       h("td", {}, h("span", { class: `badge ${state}` }, state)),
       h("td", {}, meter(used), ` ${used === null ? "–" : `${used}%`} of ${w.num_total_blocks} blocks`),
       h("td", { class: "num" }, w.num_running),
+      h("td", { class: "shares" }, w.tenants.map((t) => share(t, w.num_total_blocks))),
     );
   });
   fill(
@@ -35,9 +36,20 @@ export async function showFleet(container) {
     h(
       "table",
       {},
-      h("thead", {}, h("tr", {}, ["worker", "model", "state", "KV cache", "running"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["worker", "model", "state", "KV cache", "running", "tenants' shares"].map((c) => h("th", {}, c)))),
       h("tbody", {}, workers),
     ),
+  );
+}
+
+// One tenant's part of a worker's KV blocks, and its runs suspended for another's share.
+function share(tenant, numTotalBlocks) {
+  const part = numTotalBlocks > 0 ? `${Math.round((100 * tenant.num_kv_blocks) / numTotalBlocks)}%` : "–";
+  const suspended = tenant.num_suspended_runs ? `, ${tenant.num_suspended_runs} suspended` : "";
+  return h(
+    "div",
+    { "data-tenant-id": tenant.tenant_id, title: tenant.tenant_id },
+    `${tenant.tenant_id.slice(0, 8)} ${part} (${tenant.num_runs} runs${suspended})`,
   );
 }
 

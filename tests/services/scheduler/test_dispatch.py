@@ -36,6 +36,7 @@ async def test_a_queued_run_is_assigned_under_its_lease_and_last_seq(
     assert request.lease_epoch == run.lease_epoch >= 1
     assert request.last_seq == 1
     assert request.tenant_id == request.cache_namespace == "tenant-a"
+    assert request.tenant_weight == 1  # the weight of a tenant created without one
     assert request.model == "tiny"
     assert list(request.prompt_token_ids) == [1, 2, 3]
     assert request.sampling.max_tokens == 13 and request.sampling.HasField("temperature")

@@ -5,6 +5,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 
 from services.core.runs import RunState, StoredEvent
+from services.core.shares import TenantLoad
 from services.scheduler.fair_queue import QueueClass
 from services.scheduler.intake import Intake
 from services.scheduler.records import Assignment, QueuedRun
@@ -85,3 +86,45 @@ def test_stats_give_the_fleet_size_and_the_blocks_each_class_waits_for() -> None
     assert (stats.num_interactive, stats.num_batch) == (2, 1)
     assert (stats.num_free_blocks, stats.num_total_blocks) == (10, 64)
     assert (stats.num_queued_interactive_blocks, stats.num_queued_batch_blocks) == (7, 20)
+
+
+def of_tenant(run_id: str, tenant: str, queue_class: QueueClass, blocks: int) -> QueuedRun:
+    return QueuedRun(
+        run_id, tenant, "m", queue_class, 1, {}, "", 0.0, 0.0, weight=1, num_kv_blocks=blocks
+    )
+
+
+def flooded(suspends_runs: bool = True) -> SchedulerState:
+    """One worker of 64 blocks, all of them the flood's (16 runs), none free."""
+    registry = WorkerRegistry()
+    registry.add_static("w1", "host:1")
+    flood = (TenantLoad("flood", 1, 64, 16),)
+    registry.observe(
+        "w1",
+        WorkerReport(0, num_total_blocks=64, tenants=flood, suspends_runs=suspends_runs),
+        now=0.0,
+    )
+    return SchedulerState(registry)
+
+
+def test_an_interactive_run_under_its_share_goes_where_runs_would_make_room() -> None:
+    state = flooded()
+    state.enqueue(of_tenant("more", "flood", QueueClass.INTERACTIVE, 2))
+    state.enqueue(of_tenant("batch", "light", QueueClass.BATCH, 2))
+    assert state.take_next(now=0.0) is None  # the flood alone, a batch run: no room
+    state.enqueue(of_tenant("light", "light", QueueClass.INTERACTIVE, 2))
+    taken = state.take_next(now=0.0)
+    assert taken is not None and taken.run_id == "light"
+    assert state.take_next(now=0.0) is None
+    state.registry.mark_full("w1", 2)  # the worker refused it: none until it reports
+    state.put_back(taken)
+    assert state.take_next(now=0.0) is None
+
+
+def test_no_room_is_made_on_a_worker_that_does_not_suspend_or_past_a_share() -> None:
+    state = flooded(suspends_runs=False)
+    state.enqueue(of_tenant("light", "light", QueueClass.INTERACTIVE, 2))
+    assert state.take_next(now=0.0) is None
+    state = flooded()
+    state.enqueue(of_tenant("big", "light", QueueClass.INTERACTIVE, 33))  # over its 32
+    assert state.take_next(now=0.0) is None

@@ -20,7 +20,7 @@ from engine.process_engine import ProcessEngine
 from services.core.event_store import EventStore
 from services.core.server import create_server
 from services.worker.appender import StepAppender
-from services.worker.core import WorkerCore
+from services.worker.core import WorkerCore, resume_suspended
 from services.worker.runs import AssignedRun
 from services.worker.servicer import WorkerServicer
 from tests.services.scheduler.helpers import queue_run, wait_for
@@ -67,7 +67,10 @@ async def running_worker(
         lambda s: worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(core), s),
     )
     await server.start()
-    task = asyncio.create_task(appender.run())
+    tasks = [
+        asyncio.create_task(appender.run()),
+        asyncio.create_task(resume_suspended(core, appender.watch_ended())),
+    ]
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         yield RunningWorker(
@@ -76,9 +79,10 @@ async def running_worker(
     finally:
         await channel.close()
         await server.stop(0)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await engine.shutdown()
 
 
