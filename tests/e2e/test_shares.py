@@ -42,7 +42,9 @@ def test_a_light_run_suspends_a_long_run_of_another_tenant_which_loses_no_token(
     while sum(e.kind == "streaming" for e in flood_events) < 2:
         time.sleep(0.01)
     events = list(
-        light.generate("quick", model="tiny", max_tokens=LIGHT_TOKENS, temperature=0, ignore_eos=True)
+        light.generate(
+            "quick", model="tiny", max_tokens=LIGHT_TOKENS, temperature=0, ignore_eos=True
+        )
     )
     ended["light"] = time.monotonic()  # billed: later than its completion
     reader.join(timeout=120)
