@@ -200,6 +200,12 @@ def report(
             f"{name:<28}{len(ttfts):>8}{percentile(ttfts, 50):>10.1f}{percentile(ttfts, 99):>10.1f}"
             + "".join(f"{split[part]:>15.1f}" for part in PARTS)
         )
+    slowest = sorted(during_timings, key=lambda t: t.ttft_ms)[-3:]
+    print("slowest during the flood: " + "; ".join(
+        f"{t.ttft_ms:.0f} ms (" + ", ".join(
+            f"{name} {part(t) * 1000:.0f}" for name, part in PARTS.items()) + ")"
+        for t in reversed(slowest)
+    ))  # fmt: skip
     p50 = percentile(during, 50) / percentile(alone, 50)
     p99 = percentile(during, 99) / percentile(alone, 99)
     print(f"TTFT during the flood / alone: p50 {p50:.2f} (target <= {P50_RATIO_TARGET}), "

@@ -74,9 +74,13 @@ def queue_refusal(bounds: QueueBounds, depth: int) -> ApiError | None:
     return None
 
 
-def class_refusal(bounds: QueueBounds, load: FleetView, priority: str) -> ApiError | None:
+def class_refusal(
+    bounds: QueueBounds, load: FleetView, priority: str, tenant_id: str = ""
+) -> ApiError | None:
     """The refusal of a new run of `priority`: its class's queue is full, or the fleet's
-    free KV is under the class's watermark."""
+    free KV is under the class's watermark, unless it is an interactive run of a tenant
+    within its share of the workers that suspend runs for one (`FleetView.within_share`):
+    another tenant's queue does not keep it out."""
     depth, bound = load.num_queued(priority), bounds.max_class_depth(priority)
     if depth > bound:
         return Unavailable(
@@ -85,6 +89,8 @@ def class_refusal(bounds: QueueBounds, load: FleetView, priority: str) -> ApiErr
         )
     free, watermark = load.free_kv(priority), bounds.kv_watermark(priority)
     if free is None or free >= watermark:
+        return None
+    if priority != BATCH and load.within_share(tenant_id):
         return None
     still = "; interactive runs are still admitted" if priority == BATCH else ""
     return Unavailable(

@@ -158,7 +158,7 @@ class Checks:
             return None
         view = self.fleet()
         return queue_refusal(self.queue, view.num_queued_runs) or class_refusal(
-            self.queue, view, run.params.priority
+            self.queue, view, run.params.priority, run.tenant_id
         )
 
     async def queue_share(self, run: Candidate) -> ApiError | None:

@@ -25,8 +25,10 @@ class WorkerLoad:
     draining: bool
     suspect: bool
     engine_kind: str = ""  # what serves its tokens; "" = not reported
-    # Each tenant's runs there as last reported: its part of the worker.
+    # Each tenant's runs there as last reported: its part of the worker; and whether it
+    # suspends runs to make room for a tenant under its share (services/core/shares.py).
     tenants: tuple[TenantLoad, ...] = ()
+    suspends_runs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,16 @@ class FleetView:
         return frozenset(
             w.engine_kind for w in self.workers if w.alive and w.model == model and w.engine_kind
         )
+
+    def within_share(self, tenant_id: str) -> bool:
+        """Whether the tenant holds less than an even part of the blocks of the live workers
+        that suspend runs for a tenant's share, among the tenants with runs there and
+        itself: an interactive run of it finds room there, whatever waits in the queue."""
+        workers = [w for w in self.workers if w.alive and w.suspends_runs]
+        holders = {t.tenant_id for w in workers for t in w.tenants if t.num_runs} | {tenant_id}
+        held = sum(t.num_kv_blocks for w in workers for t in w.tenants if t.tenant_id == tenant_id)
+        total = sum(w.num_total_blocks for w in workers)
+        return len(holders) > 1 and held * len(holders) < total
 
     def free_kv(self, priority: str) -> float | None:
         """Free blocks less those queued ahead of a new run of `priority`, as a fraction

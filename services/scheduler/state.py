@@ -205,4 +205,5 @@ def _load(worker: Worker, num_running: int) -> WorkerLoad:
         suspect=worker.suspect,
         engine_kind=worker.engine_kind,
         tenants=worker.tenants,
+        suspends_runs=worker.suspends_runs,
     )

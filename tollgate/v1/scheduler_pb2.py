@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from tollgate.v1 import worker_pb2 as tollgate_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btollgate/v1/scheduler.proto\x12\x0btollgate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tollgate/v1/worker.proto\"\x16\n\x14GetQueueStatsRequest\"\xff\x02\n\nQueueStats\x12\x17\n\x0fnum_interactive\x18\x01 \x01(\x05\x12\x11\n\tnum_batch\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\x03\x12\x41\n\x0emax_run_tokens\x18\x06 \x03(\x0b\x32).tollgate.v1.QueueStats.MaxRunTokensEntry\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\x03\x12%\n\x1dnum_queued_interactive_blocks\x18\x08 \x01(\x03\x12\x1f\n\x17num_queued_batch_blocks\x18\t \x01(\x03\x12(\n\x07workers\x18\n \x03(\x0b\x32\x17.tollgate.v1.WorkerLoad\x1a\x33\n\x11MaxRunTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xe8\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\x03\x12\x18\n\x10num_total_blocks\x18\x04 \x01(\x03\x12\x13\n\x0bnum_running\x18\x05 \x01(\x05\x12\r\n\x05\x61live\x18\x06 \x01(\x08\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0f\n\x07suspect\x18\x08 \x01(\x08\x12\x13\n\x0b\x65ngine_kind\x18\t \x01(\t\x12)\n\x07tenants\x18\n \x03(\x0b\x32\x18.tollgate.v1.TenantShare\"\x82\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12\x10\n\x08\x61\x64\x61pters\x18\x05 \x03(\t\x12\x13\n\x0b\x65ngine_kind\x18\x06 \x01(\t\"<\n\x16RegisterWorkerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\"\xbc\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\x03\x12\x17\n\x0frunning_run_ids\x18\x03 \x03(\t\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07\x62oot_id\x18\x05 \x01(\t\x12)\n\x07tenants\x18\x06 \x03(\x0b\x32\x18.tollgate.v1.TenantShare\x12\x15\n\rsuspends_runs\x18\x07 \x01(\x08\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\";\n\x19SchedulerCancelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"+\n\x1aSchedulerCancelRunResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"J\n\x11RunsQueuedRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12$\n\x04runs\x18\x02 \x03(\x0b\x32\x16.tollgate.v1.HintedRun\"\xd9\x01\n\tHintedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\t\x12\x10\n\x08last_seq\x18\x05 \x01(\x03\x12\x1b\n\x13queued_payload_json\x18\x06 \x01(\t\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12-\n\tqueued_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rtenant_weight\x18\t \x01(\x05\"\'\n\x12RunsQueuedResponse\x12\x11\n\tnum_taken\x18\x01 \x01(\x05\x32\xb3\x03\n\x10SchedulerService\x12K\n\rGetQueueStats\x12!.tollgate.v1.GetQueueStatsRequest\x1a\x17.tollgate.v1.QueueStats\x12Y\n\x0eRegisterWorker\x12\".tollgate.v1.RegisterWorkerRequest\x1a#.tollgate.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.tollgate.v1.HeartbeatRequest\x1a\x1e.tollgate.v1.HeartbeatResponse\x12\\\n\tCancelRun\x12&.tollgate.v1.SchedulerCancelRunRequest\x1a\'.tollgate.v1.SchedulerCancelRunResponse\x12M\n\nRunsQueued\x12\x1e.tollgate.v1.RunsQueuedRequest\x1a\x1f.tollgate.v1.RunsQueuedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btollgate/v1/scheduler.proto\x12\x0btollgate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tollgate/v1/worker.proto\"\x16\n\x14GetQueueStatsRequest\"\xff\x02\n\nQueueStats\x12\x17\n\x0fnum_interactive\x18\x01 \x01(\x05\x12\x11\n\tnum_batch\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x13\n\x0bnum_workers\x18\x04 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x05 \x01(\x03\x12\x41\n\x0emax_run_tokens\x18\x06 \x03(\x0b\x32).tollgate.v1.QueueStats.MaxRunTokensEntry\x12\x18\n\x10num_total_blocks\x18\x07 \x01(\x03\x12%\n\x1dnum_queued_interactive_blocks\x18\x08 \x01(\x03\x12\x1f\n\x17num_queued_batch_blocks\x18\t \x01(\x03\x12(\n\x07workers\x18\n \x03(\x0b\x32\x17.tollgate.v1.WorkerLoad\x1a\x33\n\x11MaxRunTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xff\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x03 \x01(\x03\x12\x18\n\x10num_total_blocks\x18\x04 \x01(\x03\x12\x13\n\x0bnum_running\x18\x05 \x01(\x05\x12\r\n\x05\x61live\x18\x06 \x01(\x08\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x0f\n\x07suspect\x18\x08 \x01(\x08\x12\x13\n\x0b\x65ngine_kind\x18\t \x01(\t\x12)\n\x07tenants\x18\n \x03(\x0b\x32\x18.tollgate.v1.TenantShare\x12\x15\n\rsuspends_runs\x18\x0b \x01(\x08\"\x82\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x04 \x01(\t\x12\x10\n\x08\x61\x64\x61pters\x18\x05 \x03(\t\x12\x13\n\x0b\x65ngine_kind\x18\x06 \x01(\t\"<\n\x16RegisterWorkerResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\"\xbc\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x17\n\x0fnum_free_blocks\x18\x02 \x01(\x03\x12\x17\n\x0frunning_run_ids\x18\x03 \x03(\t\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07\x62oot_id\x18\x05 \x01(\t\x12)\n\x07tenants\x18\x06 \x03(\x0b\x32\x18.tollgate.v1.TenantShare\x12\x15\n\rsuspends_runs\x18\x07 \x01(\x08\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\";\n\x19SchedulerCancelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"+\n\x1aSchedulerCancelRunResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"J\n\x11RunsQueuedRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12$\n\x04runs\x18\x02 \x03(\x0b\x32\x16.tollgate.v1.HintedRun\"\xd9\x01\n\tHintedRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\t\x12\x10\n\x08last_seq\x18\x05 \x01(\x03\x12\x1b\n\x13queued_payload_json\x18\x06 \x01(\t\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\x12-\n\tqueued_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rtenant_weight\x18\t \x01(\x05\"\'\n\x12RunsQueuedResponse\x12\x11\n\tnum_taken\x18\x01 \x01(\x05\x32\xb3\x03\n\x10SchedulerService\x12K\n\rGetQueueStats\x12!.tollgate.v1.GetQueueStatsRequest\x1a\x17.tollgate.v1.QueueStats\x12Y\n\x0eRegisterWorker\x12\".tollgate.v1.RegisterWorkerRequest\x1a#.tollgate.v1.RegisterWorkerResponse\x12J\n\tHeartbeat\x12\x1d.tollgate.v1.HeartbeatRequest\x1a\x1e.tollgate.v1.HeartbeatResponse\x12\\\n\tCancelRun\x12&.tollgate.v1.SchedulerCancelRunRequest\x1a\'.tollgate.v1.SchedulerCancelRunResponse\x12M\n\nRunsQueued\x12\x1e.tollgate.v1.RunsQueuedRequest\x1a\x1f.tollgate.v1.RunsQueuedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,25 +42,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUEUESTATS_MAXRUNTOKENSENTRY']._serialized_start=460
   _globals['_QUEUESTATS_MAXRUNTOKENSENTRY']._serialized_end=511
   _globals['_WORKERLOAD']._serialized_start=514
-  _globals['_WORKERLOAD']._serialized_end=746
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=749
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=879
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=881
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=941
-  _globals['_HEARTBEATREQUEST']._serialized_start=944
-  _globals['_HEARTBEATREQUEST']._serialized_end=1132
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1134
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1168
-  _globals['_SCHEDULERCANCELRUNREQUEST']._serialized_start=1170
-  _globals['_SCHEDULERCANCELRUNREQUEST']._serialized_end=1229
-  _globals['_SCHEDULERCANCELRUNRESPONSE']._serialized_start=1231
-  _globals['_SCHEDULERCANCELRUNRESPONSE']._serialized_end=1274
-  _globals['_RUNSQUEUEDREQUEST']._serialized_start=1276
-  _globals['_RUNSQUEUEDREQUEST']._serialized_end=1350
-  _globals['_HINTEDRUN']._serialized_start=1353
-  _globals['_HINTEDRUN']._serialized_end=1570
-  _globals['_RUNSQUEUEDRESPONSE']._serialized_start=1572
-  _globals['_RUNSQUEUEDRESPONSE']._serialized_end=1611
-  _globals['_SCHEDULERSERVICE']._serialized_start=1614
-  _globals['_SCHEDULERSERVICE']._serialized_end=2049
+  _globals['_WORKERLOAD']._serialized_end=769
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=772
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=902
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=904
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=964
+  _globals['_HEARTBEATREQUEST']._serialized_start=967
+  _globals['_HEARTBEATREQUEST']._serialized_end=1155
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1157
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1191
+  _globals['_SCHEDULERCANCELRUNREQUEST']._serialized_start=1193
+  _globals['_SCHEDULERCANCELRUNREQUEST']._serialized_end=1252
+  _globals['_SCHEDULERCANCELRUNRESPONSE']._serialized_start=1254
+  _globals['_SCHEDULERCANCELRUNRESPONSE']._serialized_end=1297
+  _globals['_RUNSQUEUEDREQUEST']._serialized_start=1299
+  _globals['_RUNSQUEUEDREQUEST']._serialized_end=1373
+  _globals['_HINTEDRUN']._serialized_start=1376
+  _globals['_HINTEDRUN']._serialized_end=1593
+  _globals['_RUNSQUEUEDRESPONSE']._serialized_start=1595
+  _globals['_RUNSQUEUEDRESPONSE']._serialized_end=1634
+  _globals['_SCHEDULERSERVICE']._serialized_start=1637
+  _globals['_SCHEDULERSERVICE']._serialized_end=2072
 # @@protoc_insertion_point(module_scope)

@@ -46,7 +46,7 @@ class QueueStats(_message.Message):
     def __init__(self, num_interactive: _Optional[int] = ..., num_batch: _Optional[int] = ..., num_running: _Optional[int] = ..., num_workers: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., max_run_tokens: _Optional[_Mapping[str, int]] = ..., num_total_blocks: _Optional[int] = ..., num_queued_interactive_blocks: _Optional[int] = ..., num_queued_batch_blocks: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLoad, _Mapping]]] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect", "engine_kind", "tenants")
+    __slots__ = ("worker_id", "model", "num_free_blocks", "num_total_blocks", "num_running", "alive", "draining", "suspect", "engine_kind", "tenants", "suspends_runs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class WorkerLoad(_message.Message):
     SUSPECT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_KIND_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDS_RUNS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     num_free_blocks: int
@@ -67,7 +68,8 @@ class WorkerLoad(_message.Message):
     suspect: bool
     engine_kind: str
     tenants: _containers.RepeatedCompositeFieldContainer[_worker_pb2.TenantShare]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ..., engine_kind: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[_worker_pb2.TenantShare, _Mapping]]] = ...) -> None: ...
+    suspends_runs: bool
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., alive: _Optional[bool] = ..., draining: _Optional[bool] = ..., suspect: _Optional[bool] = ..., engine_kind: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[_worker_pb2.TenantShare, _Mapping]]] = ..., suspends_runs: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "boot_id", "adapters", "engine_kind")

@@ -5,7 +5,8 @@ import pytest
 from services.admission.backpressure import QueueBounds, class_refusal
 from services.core.config import ConfigError
 from services.core.errors import Unavailable
-from services.core.fleet import FleetView
+from services.core.fleet import FleetView, WorkerLoad
+from services.core.shares import TenantLoad
 
 BOUNDS = QueueBounds(batch_kv_watermark=0.1, interactive_kv_watermark=-0.5)
 
@@ -62,3 +63,20 @@ def test_each_class_has_its_own_queue_bound() -> None:
 def test_the_interactive_watermark_may_not_be_above_the_batch_one() -> None:
     with pytest.raises(ConfigError, match="TOLLGATE_INTERACTIVE_KV_WATERMARK"):
         QueueBounds(batch_kv_watermark=-1.0, interactive_kv_watermark=0.0)
+
+
+def flooded(suspends_runs: bool = True) -> FleetView:
+    """A full fleet with a backlog past both watermarks, the flood holding all of it."""
+    flood = (TenantLoad("flood", 1, 100, 20),)
+    worker = WorkerLoad("w1", "m", 0, 100, 20, True, False, False, "builtin", flood, suspends_runs)
+    return FleetView(
+        num_total_blocks=100, num_queued_interactive_blocks=500, workers=(worker,)
+    )  # fmt: skip
+
+
+def test_another_tenants_backlog_does_not_keep_a_tenant_within_its_share_out() -> None:
+    assert class_refusal(BOUNDS, flooded(), "interactive", "light") is None
+    assert class_refusal(BOUNDS, flooded(), "interactive", "flood") is not None
+    assert class_refusal(BOUNDS, flooded(), "batch", "light") is not None
+    # Where no worker suspends runs, the backlog is in everyone's way.
+    assert class_refusal(BOUNDS, flooded(suspends_runs=False), "interactive", "light") is not None
