@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.core.fleet import WorkerLoad
@@ -62,6 +63,8 @@ class SchedulerState:
         self.max_remembered_ended = max_remembered_ended
         # Set whenever dispatch may find something new to do.
         self.wake = asyncio.Event()
+        # The tenants with queued runs, by model (tenant -> weight), as of the last pick.
+        self._waiting: dict[str, dict[str, int]] = {}
 
     def knows(self, run_id: str) -> bool:
         return (
@@ -101,6 +104,7 @@ class SchedulerState:
 
     def take_next(self, now: float) -> QueuedRun | None:
         """Moves the next run that fits some worker from the queue to dispatching."""
+        self._waiting = waiting_tenants(self.queued.values())
         ticket = self.queue.pick(
             lambda t: self._run_fits(t.run_id), now, lambda t: self._may_ever_fit(t.run_id)
         )
@@ -114,10 +118,19 @@ class SchedulerState:
         return self.worker_for(self.queued[run_id]) is not None
 
     def worker_for(self, run: QueuedRun) -> Worker | None:
-        """The worker `run` goes to now: the one with the most free blocks that fits it,
-        else, for an interactive run, one where runs of tenants over their shares would
-        be suspended to make room for it (`services/core/shares.py`)."""
-        worker = self.registry.choose(run.num_kv_blocks, run.model)
+        """The worker `run` goes to now: the one with the most free blocks that fits it
+        (while other tenants' runs wait for its model, on a worker that cannot suspend
+        runs only within its tenant's share), else, for an interactive run, one where
+        runs of tenants over their shares would be suspended to make room for it
+        (`services/core/shares.py`)."""
+        waiting = {
+            tenant: weight
+            for tenant, weight in self._waiting.get(run.model, {}).items()
+            if tenant != run.tenant_id
+        }
+        worker = self.registry.choose(
+            run.num_kv_blocks, run.model, run.tenant_id, run.weight, waiting
+        )
         if worker is None and run.queue_class == QueueClass.INTERACTIVE:
             worker = self.registry.choose_making_room(
                 run.num_kv_blocks, run.model, run.tenant_id, run.weight
@@ -191,6 +204,14 @@ class SchedulerState:
             if self.registry.serves_any(run.model)
             and not self.registry.may_ever_fit(run.num_kv_blocks, run.model)
         ]
+
+
+def waiting_tenants(runs: Iterable[QueuedRun]) -> dict[str, dict[str, int]]:
+    """The tenants with runs among `runs`, by model: tenant -> weight."""
+    waiting: dict[str, dict[str, int]] = {}
+    for run in runs:
+        waiting.setdefault(run.model, {})[run.tenant_id] = max(1, run.weight)
+    return waiting
 
 
 def _load(worker: Worker, num_running: int) -> WorkerLoad:

@@ -18,12 +18,12 @@ Each report also says which runs the worker holds and which start of its process
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 
-from services.core.shares import TenantLoad, room_by_share
+from services.core.shares import TenantLoad, room_by_share, shares
 
 log = structlog.get_logger(__name__)
 
@@ -93,12 +93,23 @@ class Worker:
 
     def room_for(self, num_kv_blocks: int, tenant_id: str, weight: int) -> int:
         """The blocks a run of `tenant_id` would surely find here, suspending runs of
-        tenants over their shares where it may (services/core/shares.py)."""
+        tenants over their shares where it may (services/core/shares.py); 0 where runs
+        are not suspended."""
         if not self.suspends_runs:
-            return self.num_free_blocks
+            return 0
         return self.num_free_blocks + room_by_share(
             self.tenants, tenant_id, weight, num_kv_blocks, self.capacity
         )
+
+    def within_share(
+        self, tenant_id: str, weight: int, num_kv_blocks: int, waiting: Mapping[str, int]
+    ) -> bool:
+        """Whether `tenant_id` stays within its share here with a run of `num_kv_blocks`,
+        among the tenants with runs here and those `waiting` (tenant -> weight)."""
+        holding = {load.tenant_id: load.weight for load in self.tenants if load.num_runs}
+        weights = {**holding, **waiting, tenant_id: weight}
+        held = sum(load.num_kv_blocks for load in self.tenants if load.tenant_id == tenant_id)
+        return len(weights) < 2 or held + num_kv_blocks <= shares(weights, self.capacity)[tenant_id]
 
     @property
     def capacity(self) -> int:
@@ -255,9 +266,27 @@ class WorkerRegistry:
         for worker in self._workers.values():
             worker.held.pop(run_id, None)
 
-    def choose(self, num_kv_blocks: int, model: str) -> Worker | None:
-        """The dispatchable worker with the most free blocks that fits `num_kv_blocks`."""
-        fitting = [w for w in self._workers.values() if w.can_take(num_kv_blocks, model)]
+    def choose(
+        self,
+        num_kv_blocks: int,
+        model: str,
+        tenant_id: str = "",
+        weight: int = 1,
+        waiting: Mapping[str, int] | None = None,
+    ) -> Worker | None:
+        """The dispatchable worker with the most free blocks that fits `num_kv_blocks`;
+        while other tenants' runs are `waiting` (tenant -> weight), not one that cannot
+        suspend runs where the run would take `tenant_id` past its share."""
+        fitting = [
+            w
+            for w in self._workers.values()
+            if w.can_take(num_kv_blocks, model)
+            and (
+                not waiting
+                or w.suspends_runs
+                or w.within_share(tenant_id, weight, num_kv_blocks, waiting)
+            )
+        ]
         return max(fitting, key=lambda w: (w.num_free_blocks, w.worker_id), default=None)
 
     def choose_making_room(

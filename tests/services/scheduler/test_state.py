@@ -128,3 +128,20 @@ def test_no_room_is_made_on_a_worker_that_does_not_suspend_or_past_a_share() -> 
     state = flooded()
     state.enqueue(of_tenant("big", "light", QueueClass.INTERACTIVE, 33))  # over its 32
     assert state.take_next(now=0.0) is None
+
+
+def test_where_runs_cannot_be_suspended_a_tenant_past_its_share_waits_while_others_do() -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "host:1")
+    flood = (TenantLoad("flood", 1, 40, 10),)
+    registry.observe("w1", WorkerReport(24, num_total_blocks=64, tenants=flood), now=0.0)
+    state = SchedulerState(registry)
+    state.enqueue(of_tenant("more", "flood", QueueClass.INTERACTIVE, 4))
+    state.enqueue(of_tenant("light-big", "light", QueueClass.INTERACTIVE, 40))  # over its 32
+    # The flood's run would take it to 44 of its 32 blocks while the light tenant waits.
+    assert state.take_next(now=0.0) is None
+    state.dequeue("light-big")
+    taken = state.take_next(now=0.0)  # nobody else waits: all of the worker is the flood's
+    assert taken is not None and taken.run_id == "more"
+    state.enqueue(of_tenant("light", "light", QueueClass.INTERACTIVE, 4))
+    assert (taken := state.take_next(now=0.0)) is not None and taken.run_id == "light"
