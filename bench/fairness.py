@@ -121,7 +121,10 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
         tasks = [asyncio.create_task(keep_one_going(slot)) for slot in range(plan.num_runs)]
         await queued.wait()
         reports.put({"seconds_to_queue": round(time.perf_counter() - started, 2)})
+        full, ended_before = time.perf_counter(), counts["tokens_checked"]
         await asyncio.to_thread(stop.wait)
+        # Its pace while the light tenant measured: what fairness may cost it.
+        pace = (counts["tokens_checked"] - ended_before) / (time.perf_counter() - full)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -129,7 +132,7 @@ async def _flood(plan: Flood, reports: Queue[dict[str, Any]], stop: EventType) -
             await client.cancel_run(run_id)
     # How long the flood's own runs waited in the scheduler's queue once it was full.
     queue_p50 = {f"{k}_queue_p50_ms": round(percentile(v, 50), 1) for k, v in waits.items() if v}
-    reports.put({**counts, **queue_p50})
+    reports.put({**counts, **queue_p50, "completed_per_second": round(pace, 2)})
 
 
 def _queued_progress(started: dict[str, Any]) -> None:

@@ -4,10 +4,12 @@ Each step has a token budget. Running sequences that decode (one uncomputed toke
 served first, in rank order (interactive before batch, then arrival), then prompts being
 prefilled, in chunks that fit what is left of the budget, then waiting requests are
 admitted. Prefills and admissions take turns by tenant within a priority: each tenant's
-first prompt before any tenant's second, and while several tenants' prompts wait, none
+first prompt before any tenant's second, and while several tenants have sequences, none
 takes more than an even part of what the decodes left of the step until the others have
-theirs; the waiting request admitted next is of the tenant that runs the fewest. So a
-tenant with one request is not held behind another's hundred. A sequence's tenant is its
+theirs, nor in all while another tenant's sequences decode (so a long prompt does not
+make every other tenant's next token wait behind it); the waiting request admitted next
+is of the tenant that runs the fewest. So a tenant with one request is not held behind
+another's hundred. A sequence's tenant is its
 request's cache namespace (the worker gives the tenant's id).
 
 When the pool runs out of blocks, the lowest-ranked running sequence is
@@ -134,18 +136,21 @@ class Batcher:
         for seq in decodes:
             self._schedule(seq, draft.budget, draft)
         prefills = in_turns([s for s in self.running if s.num_uncomputed_tokens > 1])
-        tenants = {s.tenant for s in prefills} | {s.tenant for s in self.waiting}
-        # What each tenant's prompts may take of the step before the others have theirs.
+        decoding = {s.tenant for s in decodes}
+        tenants = {s.tenant for s in prefills} | {s.tenant for s in self.waiting} | decoding
+        # What each tenant's prompts may take of the step before the others have theirs,
+        # and in all while another tenant's sequences decode.
         share = draft.budget // len(tenants) if len(tenants) > 1 else draft.budget
+        most = {t: share if decoding - {t} else draft.budget for t in tenants}
         given: Counter[str] = Counter()
         for seq in prefills:
             given[seq.tenant] += self._schedule(seq, share - given[seq.tenant], draft)
         if not draft.preempted:
-            prefills += self._admit_waiting(draft, share, given)
+            prefills += self._admit_waiting(draft, dict.fromkeys(tenants, share), given)
         for seq in prefills:  # what is left of the step, in the same turns
-            self._schedule(seq, draft.budget, draft)
+            given[seq.tenant] += self._schedule(seq, most[seq.tenant] - given[seq.tenant], draft)
         if len(tenants) > 1 and not draft.preempted and draft.budget > 0:
-            self._admit_waiting(draft, None, given)  # the parts some tenants left
+            self._admit_waiting(draft, most, given)  # the parts some tenants left
         return draft.plan()
 
     def on_executed(self, plan: StepPlan) -> None:
@@ -187,16 +192,16 @@ class Batcher:
         self.add(seq)
 
     def _admit_waiting(
-        self, draft: _StepDraft, share: int | None, given: Counter[str]
+        self, draft: _StepDraft, most: dict[str, int], given: Counter[str]
     ) -> list[Sequence]:
-        """Admits what fits, each with a first chunk of its tenant's part of the step
-        (`share` less what it was `given`; None: what is left); the sequences admitted."""
+        """Admits what fits, each with a first chunk of its tenant's part of the step (the
+        `most` it may take less what it was `given`); the sequences admitted."""
         manager = self.block_manager
         admitted: list[Sequence] = []
         for seq in self._admission_order():
             if draft.budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
-            room = draft.budget if share is None else min(share - given[seq.tenant], draft.budget)
+            room = min(most[seq.tenant] - given[seq.tenant], draft.budget)
             if room <= 0:
                 continue  # its tenant has had its part; another's may come next
             cached = manager.match_prefix(seq)

@@ -205,3 +205,22 @@ def test_the_waiting_request_admitted_next_is_of_the_tenant_that_runs_the_fewest
     # It went ahead of the flood's three waiting since before it.
     assert admitted.index("light") < admitted.index("f3")
     assert all(s.num_output_tokens == s.params.max_tokens for s in [*flood, light])
+
+
+def prefill_tokens(plan: StepPlan, tenant: str) -> int:
+    return sum(c.num_tokens for c in plan.chunks if c.seq.tenant == tenant and c.num_tokens > 1)
+
+
+def test_while_another_tenant_decodes_a_long_prompt_takes_an_even_part_of_the_step() -> None:
+    batcher = Batcher(BlockManager(4096, 16), max_num_batched_tokens=512, max_num_seqs=256)
+    light = tenant_seq("light", "light", 20, 50)
+    batcher.add(light)
+    step(batcher)  # the light tenant's stream decodes from now on
+    batcher.add(tenant_seq("long", "flood", 4096, 4))
+    plans = [step(batcher) for _ in range(4)]
+    # Its decode first, then half of what it left: the prompt's chunks make each step
+    # half as long as they would alone.
+    assert [prefill_tokens(p, "flood") for p in plans] == [255] * 4
+    assert all(any(c.seq is light for c in p.chunks) for p in plans)
+    batcher.finish(light)
+    assert prefill_tokens(step(batcher), "flood") == 512  # alone again: the whole step
