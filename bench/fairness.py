@@ -1,9 +1,10 @@
 """A light tenant's interactive TTFT alone and during another tenant's flood of runs.
 
-    python -m bench.fairness [--flood-runs 200] [--samples 40] [--quick]
+    python -m bench.fairness [--flood-runs 200] [--samples 40] [--quick] [--model NAME]
 
 Starts the four services (`bench.stack_sides.running_stack`, as `bench.isolation` does)
-on a tiny random Llama, and two tenants of the same weight. The light tenant sends
+on a tiny random Llama (or `--model`, e.g. smollm2-135m-instruct), and two tenants of the
+same weight. The light tenant sends
 interactive Generate requests one after another, a few tokens each, and times each to
 its first token (`bench.isolation.quiet_ttfts`). First alone; then while the flooding
 tenant, in a process of its own, keeps `--flood-runs` runs in flight, half of them batch
@@ -232,6 +233,9 @@ def report(
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", help="a model to serve instead of the tiny random one (smollm2-135m-instruct)"
     )
     parser.add_argument("--flood-runs", type=int, default=200, help="runs the flood keeps going")
     parser.add_argument("--flood-tokens", type=int, default=64, help="output tokens of each")

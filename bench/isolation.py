@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
+from bench.models import model_dir as bench_model_dir
 from bench.report import percentile, progress
 from bench.stack_sides import (
     MODEL_NAME,
@@ -339,9 +340,13 @@ def on_tiny_stack(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`measure(args, gateway, api_key, admin_token)` on the four services serving a tiny
-    random Llama (`args.model_dir`), with `env` in their environment."""
-    progress("generating the tiny model")
-    args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
+    random Llama, or the model `args.model` names where it has one (`args.model_dir`),
+    with `env` in their environment."""
+    if getattr(args, "model", None):
+        args.model_dir = bench_model_dir(args.model, scratch)
+    else:
+        progress("generating the tiny model")
+        args.model_dir = init_tiny_model(scratch / "model", **TINY_SHAPE)
     log_dir = args.logs or scratch / "logs"
     progress(f"starting the stack (logs in {log_dir})")
     with running_stack(scratch, args.model_dir, args, log_dir, env) as running:
