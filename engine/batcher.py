@@ -4,11 +4,12 @@ Each step has a token budget. Running sequences that decode (one uncomputed toke
 served first, in rank order (interactive before batch, then arrival), then prompts being
 prefilled, in chunks that fit what is left of the budget, then waiting requests are
 admitted. Prefills and admissions take turns by tenant within a priority: each tenant's
-first prompt before any tenant's second, and while several tenants have sequences, none
+first prompt before any tenant's second, and while several tenants' prompts wait, none
 takes more than an even part of what the decodes left of the step until the others have
-theirs, nor in all while another tenant's sequences decode (so a long prompt does not
-make every other tenant's next token wait behind it); the waiting request admitted next
-is of the tenant that runs the fewest. So a tenant with one request is not held behind
+theirs; while other tenants' sequences decode, a tenant's prompts take no more than an
+even part among the decoding tenants in all (so a long prompt does not make every other
+tenant's next token wait behind it); the waiting request admitted next is of the tenant
+that runs the fewest. So a tenant with one request is not held behind
 another's hundred. A sequence's tenant is its
 request's cache namespace (the worker gives the tenant's id).
 
@@ -124,10 +125,10 @@ class Batcher:
         its tokens, and `add` queues it again."""
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
-            seq.num_preemptions += 1
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        seq.num_preemptions += 1
         seq.status = SeqStatus.SUSPENDED
 
     def schedule(self) -> StepPlan:
@@ -136,17 +137,22 @@ class Batcher:
         for seq in decodes:
             self._schedule(seq, draft.budget, draft)
         prefills = in_turns([s for s in self.running if s.num_uncomputed_tokens > 1])
+        tenants = {s.tenant for s in prefills} | {s.tenant for s in self.waiting}
         decoding = {s.tenant for s in decodes}
-        tenants = {s.tenant for s in prefills} | {s.tenant for s in self.waiting} | decoding
-        # What each tenant's prompts may take of the step before the others have theirs,
-        # and in all while another tenant's sequences decode.
+        # What each tenant's prompts may take of the step in all: an even part among the
+        # tenants whose sequences decode while another's do, else what the decodes left;
+        # and before the others have theirs, an even part among those with prompts.
+        most = {
+            t: max(1, draft.budget // len(decoding | {t})) if decoding - {t} else draft.budget
+            for t in tenants
+        }
         share = draft.budget // len(tenants) if len(tenants) > 1 else draft.budget
-        most = {t: share if decoding - {t} else draft.budget for t in tenants}
+        first = {t: min(share, most[t]) for t in tenants}
         given: Counter[str] = Counter()
         for seq in prefills:
-            given[seq.tenant] += self._schedule(seq, share - given[seq.tenant], draft)
+            given[seq.tenant] += self._schedule(seq, first[seq.tenant] - given[seq.tenant], draft)
         if not draft.preempted:
-            prefills += self._admit_waiting(draft, dict.fromkeys(tenants, share), given)
+            prefills += self._admit_waiting(draft, first, given)
         for seq in prefills:  # what is left of the step, in the same turns
             given[seq.tenant] += self._schedule(seq, most[seq.tenant] - given[seq.tenant], draft)
         if len(tenants) > 1 and not draft.preempted and draft.budget > 0:

@@ -163,6 +163,7 @@ def tenant_shares(loads: Iterable[TenantLoad]) -> list[worker_pb2.TenantShare]:
             num_kv_blocks=load.num_kv_blocks,
             num_runs=load.num_runs,
             num_suspended_runs=load.num_suspended_runs,
+            num_suspendable_kv_blocks=load.num_suspendable_blocks,
         )
         for load in loads
     ]
@@ -170,6 +171,13 @@ def tenant_shares(loads: Iterable[TenantLoad]) -> list[worker_pb2.TenantShare]:
 
 def tenant_loads_of(shares: Iterable[worker_pb2.TenantShare]) -> tuple[TenantLoad, ...]:
     return tuple(
-        TenantLoad(s.tenant_id, max(1, s.weight), s.num_kv_blocks, s.num_runs, s.num_suspended_runs)
+        TenantLoad(
+            s.tenant_id,
+            max(1, s.weight),
+            s.num_kv_blocks,
+            s.num_runs,
+            s.num_suspended_runs,
+            s.num_suspendable_kv_blocks,
+        )
         for s in shares
     )

@@ -69,10 +69,14 @@ class FleetView:
         )
 
     def within_share(self, tenant_id: str) -> bool:
-        """Whether the tenant holds less than an even part of the blocks of the live workers
-        that suspend runs for a tenant's share, among the tenants with runs there and
-        itself: an interactive run of it finds room there, whatever waits in the queue."""
-        workers = [w for w in self.workers if w.alive and w.suspends_runs]
+        """Whether the tenant holds less than an even part of the blocks of the dispatchable
+        workers that suspend runs for a tenant's share, among the tenants with runs there
+        and itself: an interactive run of it is then likely to find room there by the share
+        rule, whatever waits in the queue (the scheduler decides with each tenant's
+        weight and the run's size)."""
+        workers = [
+            w for w in self.workers if w.alive and not (w.draining or w.suspect) and w.suspends_runs
+        ]
         holders = {t.tenant_id for w in workers for t in w.tenants if t.num_runs} | {tenant_id}
         held = sum(t.num_kv_blocks for w in workers for t in w.tenants if t.tenant_id == tenant_id)
         total = sum(w.num_total_blocks for w in workers)

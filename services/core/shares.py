@@ -20,6 +20,7 @@ tenant's totals, asks `room_by_share` whether sending a run there could make roo
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -46,23 +47,27 @@ class TenantLoad:
     num_kv_blocks: int
     num_runs: int
     num_suspended_runs: int = 0
+    # Of `num_kv_blocks`, those of runs that could be suspended (one answer each).
+    num_suspendable_blocks: int = 0
 
 
 def tenant_loads(running: Iterable[Holding], suspended: Iterable[Holding] = ()) -> list[TenantLoad]:
     """Each tenant's load, by tenant id."""
-    blocks: dict[str, int] = {}
-    runs: dict[str, int] = {}
-    waiting: dict[str, int] = {}
+    blocks: Counter[str] = Counter()
+    runs: Counter[str] = Counter()
+    waiting: Counter[str] = Counter()
+    suspendable: Counter[str] = Counter()
     weights: dict[str, int] = {}
     for run in running:
-        blocks[run.tenant_id] = blocks.get(run.tenant_id, 0) + run.num_kv_blocks
-        runs[run.tenant_id] = runs.get(run.tenant_id, 0) + 1
+        blocks[run.tenant_id] += run.num_kv_blocks
+        suspendable[run.tenant_id] += run.num_kv_blocks if run.suspendable else 0
+        runs[run.tenant_id] += 1
         weights[run.tenant_id] = run.weight
     for run in suspended:
-        waiting[run.tenant_id] = waiting.get(run.tenant_id, 0) + 1
+        waiting[run.tenant_id] += 1
         weights.setdefault(run.tenant_id, run.weight)
     return [
-        TenantLoad(t, weights[t], blocks.get(t, 0), runs.get(t, 0), waiting.get(t, 0))
+        TenantLoad(t, weights[t], blocks[t], runs[t], waiting[t], suspendable[t])
         for t in sorted(weights)
     ]
 
@@ -81,9 +86,11 @@ def room_by_share(
     num_total_blocks: int,
 ) -> int:
     """The blocks that runs of tenants over their shares would surely give up for a run of
-    `tenant_id` of `num_kv_blocks`: each gives at least what it holds over its share.
-    0 where the tenant would be over its share with the run, or is alone."""
+    `tenant_id` of `num_kv_blocks`: each gives at least what it holds over its share, of
+    what its runs that can be suspended hold. 0 where the tenant would be over its share
+    with the run, or is alone."""
     held = {load.tenant_id: load.num_kv_blocks for load in loads if load.num_runs}
+    suspendable = {load.tenant_id: load.num_suspendable_blocks for load in loads}
     weights = {load.tenant_id: load.weight for load in loads if load.num_runs}
     weights[tenant_id] = weight
     if len(weights) < 2:
@@ -91,7 +98,9 @@ def room_by_share(
     share = shares(weights, num_total_blocks)
     if held.get(tenant_id, 0) + num_kv_blocks > share[tenant_id]:
         return 0
-    return int(sum(max(0.0, held[t] - share[t]) for t in held if t != tenant_id))
+    return int(
+        sum(min(max(0.0, held[t] - share[t]), suspendable[t]) for t in held if t != tenant_id)
+    )
 
 
 def make_room(

@@ -101,15 +101,14 @@ class Worker:
             self.tenants, tenant_id, weight, num_kv_blocks, self.capacity
         )
 
-    def within_share(
-        self, tenant_id: str, weight: int, num_kv_blocks: int, waiting: Mapping[str, int]
-    ) -> bool:
-        """Whether `tenant_id` stays within its share here with a run of `num_kv_blocks`,
-        among the tenants with runs here and those `waiting` (tenant -> weight)."""
+    def within_share(self, tenant_id: str, weight: int, waiting: Mapping[str, int]) -> bool:
+        """Whether `tenant_id` holds less than its share here, among the tenants with runs
+        here and those `waiting` (tenant -> weight): then it may take one more run, however
+        large, so that a run larger than its share waits only for its own tenant's."""
         holding = {load.tenant_id: load.weight for load in self.tenants if load.num_runs}
         weights = {**holding, **waiting, tenant_id: weight}
         held = sum(load.num_kv_blocks for load in self.tenants if load.tenant_id == tenant_id)
-        return len(weights) < 2 or held + num_kv_blocks <= shares(weights, self.capacity)[tenant_id]
+        return len(weights) < 2 or held < shares(weights, self.capacity)[tenant_id]
 
     @property
     def capacity(self) -> int:
@@ -276,16 +275,12 @@ class WorkerRegistry:
     ) -> Worker | None:
         """The dispatchable worker with the most free blocks that fits `num_kv_blocks`;
         while other tenants' runs are `waiting` (tenant -> weight), not one that cannot
-        suspend runs where the run would take `tenant_id` past its share."""
+        suspend runs where `tenant_id` holds its share already."""
         fitting = [
             w
             for w in self._workers.values()
             if w.can_take(num_kv_blocks, model)
-            and (
-                not waiting
-                or w.suspends_runs
-                or w.within_share(tenant_id, weight, num_kv_blocks, waiting)
-            )
+            and (not waiting or w.suspends_runs or w.within_share(tenant_id, weight, waiting))
         ]
         return max(fitting, key=lambda w: (w.num_free_blocks, w.worker_id), default=None)
 

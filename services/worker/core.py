@@ -251,7 +251,8 @@ class WorkerCore:
     @property
     def num_free_blocks(self) -> int:
         """Blocks not promised to a run: each may grow to its full length, and a suspended
-        one is promised its blocks back before any new run takes them."""
+        one is promised its blocks back before a new run takes them, but for an
+        interactive run of a tenant within its share (`_make_room`)."""
         reserved = sum(run.num_kv_blocks for run in self.runs.values())
         return max(0, self.engine.limits.num_total_blocks - reserved)
 

@@ -88,15 +88,17 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., running_run_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., boot_id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ..., engine_kind: _Optional[str] = ..., max_run_tokens: _Optional[int] = ..., tenants: _Optional[_Iterable[_Union[TenantShare, _Mapping]]] = ..., suspends_runs: _Optional[bool] = ...) -> None: ...
 
 class TenantShare(_message.Message):
-    __slots__ = ("tenant_id", "weight", "num_kv_blocks", "num_runs", "num_suspended_runs")
+    __slots__ = ("tenant_id", "weight", "num_kv_blocks", "num_runs", "num_suspended_runs", "num_suspendable_kv_blocks")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNS_FIELD_NUMBER: _ClassVar[int]
     NUM_SUSPENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SUSPENDABLE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     weight: int
     num_kv_blocks: int
     num_runs: int
     num_suspended_runs: int
-    def __init__(self, tenant_id: _Optional[str] = ..., weight: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_runs: _Optional[int] = ..., num_suspended_runs: _Optional[int] = ...) -> None: ...
+    num_suspendable_kv_blocks: int
+    def __init__(self, tenant_id: _Optional[str] = ..., weight: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_runs: _Optional[int] = ..., num_suspended_runs: _Optional[int] = ..., num_suspendable_kv_blocks: _Optional[int] = ...) -> None: ...

@@ -56,13 +56,18 @@ def test_runs_that_cannot_be_suspended_are_passed_over() -> None:
 
 
 def test_room_by_share_is_what_the_others_hold_over_their_shares() -> None:
-    loads = [TenantLoad("a", 1, 90, 9), TenantLoad("light", 1, 0, 0)]
+    loads = [TenantLoad("a", 1, 90, 9, num_suspendable_blocks=90), TenantLoad("light", 1, 0, 0)]
     assert room_by_share(loads, "light", 1, 2, 100) == 40
     assert room_by_share(loads, "a", 1, 2, 100) == 0  # alone
     assert room_by_share(loads, "light", 1, 51, 100) == 0  # over its share with it
-    assert room_by_share([TenantLoad("a", 3, 90, 9)], "light", 1, 2, 100) == 15
+    weighty = [TenantLoad("a", 3, 90, 9, num_suspendable_blocks=90)]
+    assert room_by_share(weighty, "light", 1, 2, 100) == 15
+    # Runs that draw several answers are not suspended: only what the others hold counts.
+    assert (
+        room_by_share([TenantLoad("a", 1, 90, 9, num_suspendable_blocks=10)], "l", 1, 2, 100) == 10
+    )
 
 
 def test_tenant_loads_count_running_and_suspended_runs() -> None:
     loads = tenant_loads(flood("a", 3), [Holding("s", "a", 1, 10), Holding("t", "b", 2, 5)])
-    assert loads == [TenantLoad("a", 1, 30, 3, 1), TenantLoad("b", 2, 0, 0, 1)]
+    assert loads == [TenantLoad("a", 1, 30, 3, 1, 30), TenantLoad("b", 2, 0, 0, 1, 0)]

@@ -98,7 +98,7 @@ def flooded(suspends_runs: bool = True) -> SchedulerState:
     """One worker of 64 blocks, all of them the flood's (16 runs), none free."""
     registry = WorkerRegistry()
     registry.add_static("w1", "host:1")
-    flood = (TenantLoad("flood", 1, 64, 16),)
+    flood = (TenantLoad("flood", 1, 64, 16, num_suspendable_blocks=64),)
     registry.observe(
         "w1",
         WorkerReport(0, num_total_blocks=64, tenants=flood, suspends_runs=suspends_runs),
