@@ -75,30 +75,31 @@ class RunningRuns(Collector):
 
     def collect(self) -> Iterator[Metric]:
         runs = list(self.runs.values())
-        yield self._family(
-            "tollgate_num_requests_running", "Runs held by this worker", runs, lambda _: 1
+        running = [run for run in runs if run.suspended_at is None]
+        suspended = [run for run in runs if run.suspended_at is not None]
+        held = GaugeMetricFamily(
+            "tollgate_num_requests_running", "Runs held by this worker", labels=_BY_RUN
         )
-        yield self._family(
+        yield self._by_tenant(held, runs, lambda _: 1)
+        blocks = GaugeMetricFamily(
             "tollgate_worker_tenant_kv_blocks",
             "KV blocks held back for each tenant's running runs: its part of this worker",
-            [run for run in runs if run.suspended_at is None],
-            lambda run: run.num_kv_blocks,
+            labels=_BY_RUN,
         )
-        yield self._family(
+        yield self._by_tenant(blocks, running, lambda run: run.num_kv_blocks)
+        waiting = GaugeMetricFamily(
             "tollgate_num_requests_suspended",
             "Runs suspended to make room for a tenant under its share, waiting for blocks",
-            [run for run in runs if run.suspended_at is not None],
-            lambda _: 1,
+            labels=_BY_RUN,
         )
+        yield self._by_tenant(waiting, suspended, lambda _: 1)
 
-    def _family(
+    def _by_tenant(
         self,
-        name: str,
-        documentation: str,
+        family: GaugeMetricFamily,
         runs: list[AssignedRun],
         count: Callable[[AssignedRun], int],
     ) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, documentation, labels=_BY_RUN)
         totals: collections.Counter[str] = collections.Counter()
         for run in runs:
             totals[TENANTS.of(run.tenant_id)] += count(run)

@@ -102,6 +102,8 @@ def test_each_process_serves_its_series_after_a_run(traced: tuple[Stack, TraceRe
             'tollgate_prefix_cache_hits_total{model_name="tiny"}',
             'tollgate_num_preemptions_total{model_name="tiny",reason="kv"}',
             "# TYPE tollgate_num_requests_running gauge",
+            "# TYPE tollgate_worker_tenant_kv_blocks gauge",
+            "# TYPE tollgate_num_requests_suspended gauge",
             'tollgate_kv_cache_usage_perc{model_name="tiny",worker_id=',
             "gen_ai_server_time_to_first_token_seconds_bucket{",
             "gen_ai_server_time_per_output_token_seconds_bucket{",
