@@ -17,7 +17,9 @@ TTFT is from the common arrival; ITL is the gap between consecutive tokens of a 
 The prefix-cache gain is the engine's TTFT p50 on "shared-prefix" without its prefix
 cache over with it. The peak fraction is the FLOP rate of the engine's decode-only steps
 over the best fp32 matmul rate measured in this run (before the workloads and after
-them). The matmul floor is the time the random workload's matrix multiplies take at that
+them); the engine in int8 runs the random workload too, and its decode-only steps' rate
+(the same count of operations, the weights' multiply-adds integer) is given over its int8
+kernel's best rate at 512 rows (`bench.timing.int8_peak_ops`). The matmul floor is the time the random workload's matrix multiplies take at that
 rate with nothing else; the throughput ceiling it sets is given as ratios to the
 baselines.
 
@@ -50,7 +52,7 @@ from bench import hf, llama_cpp
 from bench.models import REAL_MODEL, add_model_option, model_name
 from bench.models import model_dir as bench_model_dir
 from bench.report import counts, progress
-from bench.timing import TokenTimes, matmul_peak_flops
+from bench.timing import TokenTimes, int8_peak_ops, matmul_peak_flops
 from bench.workload import Workload, decode_flops, make_workload, matmul_flops
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -78,6 +80,7 @@ QUICK = Mix(8, (16, 256), (16, 64), (8, 32))
 HF_BATCH_SIZE = 8
 ENGINE = "engine"
 ENGINE_NO_CACHE = "engine, no prefix cache"
+ENGINE_INT8 = "engine int8"
 HF_STATIC = f"hf generate(), static batches of {HF_BATCH_SIZE}"
 HF_CONTINUOUS = "hf generate_batch(), continuous"
 
@@ -328,17 +331,26 @@ def main() -> None:
                 prefix_len=PREFIX_LEN,
             ),
         ]
-        progress("measuring the matmul peak")
-        peak = matmul_peak_flops()
+        progress("measuring the matmul peaks (fp32, and the int8 kernel's)")
+        peak, int8_peak = matmul_peak_flops(), int8_peak_ops()
         skip_hf = args.skip_baselines or args.skip_transformers
         hf_model = None if skip_hf else hf.load_hf_model(model_dir)
         random_rows, decode_rate = run_all(model_dir, workloads[0], hf_model, args)
+        progress(f"[{workloads[0].name}] {ENGINE_INT8}")
+        int8_config = EngineConfig(
+            max_num_batched_tokens=args.max_batched_tokens,
+            kv_cache_bytes=1 << 30,
+            quantization="int8",
+        )
+        int8 = run_engine(model_dir, workloads[0], int8_config)
+        random_rows[ENGINE_INT8] = int8.summary(workloads[0].num_output_tokens)
+        int8_rate = int8.decode_flops / max(int8.decode_seconds, 1e-9)
         shared_rows, _ = run_all(model_dir, workloads[1], hf_model, args)
         anchor_rows = {} if args.skip_baselines else run_anchor(name, model_dir, workloads[0], args)
         # A busy moment on a shared machine hides the peak: measured again at the end,
         # the better of the two counts.
-        progress("measuring the matmul peak again")
-        peak = max(peak, matmul_peak_flops())
+        progress("measuring the matmul peaks again")
+        peak, int8_peak = max(peak, matmul_peak_flops()), max(int8_peak, int8_peak_ops())
         floor = matmul_flops(load_model_config(model_dir), workloads[0]) / peak
     results = {"random": random_rows, "shared-prefix": shared_rows}
     print_table(results)
@@ -368,6 +380,9 @@ def main() -> None:
         "matmul_peak_gflops": round(peak / 1e9, 1),
         "decode_gflops": round(decode_rate / 1e9, 1),
         "peak_fraction": round(decode_rate / peak, 3),
+        "int8_peak_gops": round(int8_peak / 1e9, 1),
+        "int8_decode_gops": round(int8_rate / 1e9, 1),
+        "int8_peak_fraction": round(int8_rate / int8_peak, 3),
         "matmul_floor_s": round(floor, 2),
         "ceiling_vs_hf_static": _ratio(ceiling, _figure(random_rows, HF_STATIC)),
         "ceiling_vs_hf_batch": _ratio(ceiling, _figure(random_rows, HF_CONTINUOUS)),
@@ -388,6 +403,11 @@ def main() -> None:
         f"prefix-cache TTFT p50 gain: {figures['prefix_ttft_gain']}x; "
         f"decode {figures['decode_gflops']} GFLOP/s = {figures['peak_fraction']:.1%} "
         f"of the {figures['matmul_peak_gflops']} GFLOP/s matmul peak"
+    )
+    print(
+        f"int8 decode {figures['int8_decode_gops']} G integer ops/s = "
+        f"{figures['int8_peak_fraction']:.1%} of the int8 kernel's "
+        f"{figures['int8_peak_gops']} G ops/s at 512 rows"
     )
     baselines = (
         f" = {figures['ceiling_vs_hf_static']}x / {figures['ceiling_vs_hf_batch']}x the baselines"

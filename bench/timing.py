@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from bench.report import percentile
+from engine.layers.linear import Linear
+from engine.layers.quantized import DequantBuffer, Int8Linear
 
 
 @dataclass(slots=True)
@@ -38,6 +40,23 @@ class TokenTimes:
             "itl_p99_ms": round(1e3 * percentile(itls, 99), 1),
             **self.extra,
         }
+
+
+def int8_peak_ops(size: int = 2048, rows: int = 512, repeats: int = 5) -> float:
+    """Best integer multiply-add rate (2 ops each) of the engine's int8 linear layer on
+    `rows` rows of a `size` x `size` weight, with the current thread count: its kernel at
+    a batch large enough to be bound by arithmetic, not by reading the weight."""
+    torch.manual_seed(0)
+    layer = Int8Linear(Linear(size, size), DequantBuffer(torch.float32))
+    x = torch.randn(rows, size)
+    with torch.inference_mode():
+        layer(x)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            layer(x)
+            best = min(best, time.perf_counter() - start)
+    return 2.0 * rows * size * size / best
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
