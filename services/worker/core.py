@@ -141,8 +141,6 @@ class WorkerCore:
             weight=max(1, assignment.tenant_weight),
             interactive=assignment.priority == Priority.INTERACTIVE,
         )
-        for victim in victims:
-            self._suspend(self.runs[victim], assignment.tenant_id)
         prefill = prefill_event(self.worker_id, assignment.lease_epoch)
         try:
             self.engine.add_request(
@@ -155,9 +153,12 @@ class WorkerCore:
             )
         except RequestError as error:
             del self.runs[assignment.run_id]
-            self.resume_what_fits()  # what it suspended, if anything
             await self._fail(run, prefill, str(error))
             return
+        # Only once the engine took it: the engine applies these before its next step, so
+        # the run waits in its queue at most a step for the blocks they free.
+        for victim in victims:
+            self._suspend(self.runs[victim], assignment.tenant_id)
         # The engine starts now; `prefill` is appended with the next batch, which puts the
         # lease to the test: if it is stale, the append is refused and the run dropped.
         self.start_run(assignment.run_id, prefill)
