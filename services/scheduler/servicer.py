@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import UTC
 
 import grpc
 
-from services.core.codec import tenant_loads_of
+from services.core.codec import tenant_loads_of, tenant_shares
 from services.core.errors import FailedPrecondition, FieldViolation, InvalidArgument
+from services.core.fleet import WorkerLoad
 from services.core.grpc_errors import rpc_errors
 from services.scheduler.cancel import Canceller
 from services.scheduler.records import QueuedRun, queued_run
@@ -55,7 +56,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             num_total_blocks=stats.num_total_blocks,
             num_queued_interactive_blocks=stats.num_queued_interactive_blocks,
             num_queued_batch_blocks=stats.num_queued_batch_blocks,
-            workers=[scheduler_pb2.WorkerLoad(**asdict(w)) for w in stats.workers],
+            workers=[worker_load_proto(w) for w in stats.workers],
         )
 
     @rpc_errors
@@ -148,3 +149,8 @@ def _require(**fields: str) -> None:
     missing = [FieldViolation(name, "is required") for name, value in fields.items() if not value]
     if missing:
         raise InvalidArgument(missing)
+
+
+def worker_load_proto(load: WorkerLoad) -> scheduler_pb2.WorkerLoad:
+    values = {f.name: getattr(load, f.name) for f in fields(load) if f.name != "tenants"}
+    return scheduler_pb2.WorkerLoad(**values, tenants=tenant_shares(load.tenants))
