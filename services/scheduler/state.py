@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.core.fleet import WorkerLoad
@@ -63,8 +62,9 @@ class SchedulerState:
         self.max_remembered_ended = max_remembered_ended
         # Set whenever dispatch may find something new to do.
         self.wake = asyncio.Event()
-        # The tenants with queued runs, by model (tenant -> weight), as of the last pick.
-        self._waiting: dict[str, dict[str, int]] = {}
+        # How many runs each tenant has queued, by model; and each tenant's weight.
+        self._waiting: dict[str, Counter[str]] = {}
+        self._weights: dict[str, int] = {}
 
     def knows(self, run_id: str) -> bool:
         return (
@@ -80,6 +80,8 @@ class SchedulerState:
         if self.knows(run.run_id):
             return False
         self.queued[run.run_id] = run
+        self._waiting.setdefault(run.model, Counter())[run.tenant_id] += 1
+        self._weights[run.tenant_id] = max(1, run.weight)
         self.queue.push(run.ticket())
         self.wake.set()
         return True
@@ -100,17 +102,26 @@ class SchedulerState:
 
     def dequeue(self, run_id: str) -> QueuedRun | None:
         self.queue.remove(run_id)
-        return self.queued.pop(run_id, None)
+        return self._unqueue(run_id)
+
+    def _unqueue(self, run_id: str) -> QueuedRun | None:
+        run = self.queued.pop(run_id, None)
+        if run is not None:
+            waiting = self._waiting[run.model]
+            waiting[run.tenant_id] -= 1
+            if waiting[run.tenant_id] <= 0:
+                del waiting[run.tenant_id]
+        return run
 
     def take_next(self, now: float) -> QueuedRun | None:
         """Moves the next run that fits some worker from the queue to dispatching."""
-        self._waiting = waiting_tenants(self.queued.values())
         ticket = self.queue.pick(
             lambda t: self._run_fits(t.run_id), now, lambda t: self._may_ever_fit(t.run_id)
         )
         if ticket is None:
             return None
-        run = self.queued.pop(ticket.run_id)
+        run = self._unqueue(ticket.run_id)
+        assert run is not None
         self.dispatching[run.run_id] = asyncio.Event()
         return run
 
@@ -124,8 +135,8 @@ class SchedulerState:
         runs of tenants over their shares would be suspended to make room for it
         (`services/core/shares.py`)."""
         waiting = {
-            tenant: weight
-            for tenant, weight in self._waiting.get(run.model, {}).items()
+            tenant: self._weights[tenant]
+            for tenant in self._waiting.get(run.model, ())
             if tenant != run.tenant_id
         }
         worker = self.registry.choose(
@@ -204,14 +215,6 @@ class SchedulerState:
             if self.registry.serves_any(run.model)
             and not self.registry.may_ever_fit(run.num_kv_blocks, run.model)
         ]
-
-
-def waiting_tenants(runs: Iterable[QueuedRun]) -> dict[str, dict[str, int]]:
-    """The tenants with runs among `runs`, by model: tenant -> weight."""
-    waiting: dict[str, dict[str, int]] = {}
-    for run in runs:
-        waiting.setdefault(run.model, {})[run.tenant_id] = max(1, run.weight)
-    return waiting
 
 
 def _load(worker: Worker, num_running: int) -> WorkerLoad:
