@@ -78,6 +78,17 @@ def shares(weights: dict[str, int], num_total_blocks: int) -> dict[str, float]:
     return {t: num_total_blocks * max(1, w) / total for t, w in weights.items()}
 
 
+def standing(
+    loads: Iterable[TenantLoad], others: dict[str, int], num_total_blocks: int
+) -> tuple[dict[str, int], dict[str, float]]:
+    """What each tenant with runs in `loads` holds, and each one's share among them and
+    `others` (tenant -> weight: the run on its way, tenants waiting)."""
+    holding = [load for load in loads if load.num_runs]
+    held = {load.tenant_id: load.num_kv_blocks for load in holding}
+    weights = {load.tenant_id: load.weight for load in holding} | others
+    return held, shares(weights, num_total_blocks)
+
+
 def room_by_share(
     loads: Sequence[TenantLoad],
     tenant_id: str,
@@ -89,15 +100,10 @@ def room_by_share(
     `tenant_id` of `num_kv_blocks`: each gives at least what it holds over its share, of
     what its runs that can be suspended hold. 0 where the tenant would be over its share
     with the run, or is alone."""
-    held = {load.tenant_id: load.num_kv_blocks for load in loads if load.num_runs}
+    held, share = standing(loads, {tenant_id: weight}, num_total_blocks)
+    if len(share) < 2 or held.get(tenant_id, 0) + num_kv_blocks > share[tenant_id]:
+        return 0
     suspendable = {load.tenant_id: load.num_suspendable_blocks for load in loads}
-    weights = {load.tenant_id: load.weight for load in loads if load.num_runs}
-    weights[tenant_id] = weight
-    if len(weights) < 2:
-        return 0
-    share = shares(weights, num_total_blocks)
-    if held.get(tenant_id, 0) + num_kv_blocks > share[tenant_id]:
-        return 0
     return int(
         sum(min(max(0.0, held[t] - share[t]), suspendable[t]) for t in held if t != tenant_id)
     )
@@ -110,14 +116,9 @@ def make_room(
     that no running run holds): None where the rule above suspends nothing for it."""
     if not run.interactive:
         return None
-    weights = {h.tenant_id: h.weight for h in running} | {run.tenant_id: run.weight}
-    if len(weights) < 2:
-        return None
-    share = shares(weights, num_total_blocks)
-    held = {t: 0 for t in weights}
-    for holding in running:
-        held[holding.tenant_id] += holding.num_kv_blocks
-    if held[run.tenant_id] + run.num_kv_blocks > share[run.tenant_id]:
+    found, share = standing(tenant_loads(running), {run.tenant_id: run.weight}, num_total_blocks)
+    held = dict.fromkeys(share, 0) | found
+    if len(share) < 2 or held[run.tenant_id] + run.num_kv_blocks > share[run.tenant_id]:
         return None
     # Each tenant's runs in the order it gives them up: batch first, then the youngest.
     givers = {
@@ -125,7 +126,7 @@ def make_room(
             (h for h in running if h.tenant_id == t and h.suspendable),
             key=lambda h: (h.interactive, -h.since),
         )
-        for t in weights
+        for t in share
         if t != run.tenant_id
     }
     victims: list[str] = []
@@ -140,3 +141,16 @@ def make_room(
         held[tenant] -= victim.num_kv_blocks
         free += victim.num_kv_blocks
     return victims
+
+
+def to_resume(suspended: Sequence[Holding], num_unheld_blocks: int) -> list[str]:
+    """Of the runs `suspended` (the longest suspended first), those that go on now: in
+    order while the blocks no running run holds take them; the first that does not fit
+    holds back the rest, so a large one is not passed over for ever."""
+    resumed: list[str] = []
+    for run in suspended:
+        if run.num_kv_blocks > num_unheld_blocks:
+            break
+        num_unheld_blocks -= run.num_kv_blocks
+        resumed.append(run.run_id)
+    return resumed

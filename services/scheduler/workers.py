@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.core.shares import TenantLoad, room_by_share, shares
+from services.core.shares import TenantLoad, room_by_share, standing
 
 log = structlog.get_logger(__name__)
 
@@ -105,10 +105,8 @@ class Worker:
         """Whether `tenant_id` holds less than its share here, among the tenants with runs
         here and those `waiting` (tenant -> weight): then it may take one more run, however
         large, so that a run larger than its share waits only for its own tenant's."""
-        holding = {load.tenant_id: load.weight for load in self.tenants if load.num_runs}
-        weights = {**holding, **waiting, tenant_id: weight}
-        held = sum(load.num_kv_blocks for load in self.tenants if load.tenant_id == tenant_id)
-        return len(weights) < 2 or held < shares(weights, self.capacity)[tenant_id]
+        held, share = standing(self.tenants, {**waiting, tenant_id: weight}, self.capacity)
+        return len(share) < 2 or held.get(tenant_id, 0) < share[tenant_id]
 
     @property
     def capacity(self) -> int:

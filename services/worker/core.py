@@ -18,7 +18,7 @@ from services.core.event_store import EventStore
 from services.core.loop import wait_set
 from services.core.requeue import prefill_event
 from services.core.runs import EventStoreError, NewEvent, RunState
-from services.core.shares import Holding, TenantLoad, make_room, tenant_loads
+from services.core.shares import Holding, TenantLoad, make_room, tenant_loads, to_resume
 from services.worker.metrics import PREEMPTIONS, RUNNING, observe_pool
 from services.worker.runs import AssignedRun
 from services.worker.telemetry import start_run_span
@@ -180,8 +180,7 @@ class WorkerCore:
                 interactive=assignment.priority == Priority.INTERACTIVE,
             )
             total = self.engine.limits.num_total_blocks
-            unheld = total - sum(h.num_kv_blocks for h in running)
-            victims = make_room(running, incoming, unheld, total)
+            victims = make_room(running, incoming, self._num_unheld_blocks, total)
         if victims is None:
             raise ResourceExhausted(f"needs {needed} KV blocks, {self.num_free_blocks} are free")
         return victims
@@ -196,17 +195,18 @@ class WorkerCore:
     def resume_what_fits(self) -> None:
         """Lets suspended runs go on, the longest suspended first, while the blocks that
         no running run holds take them."""
-        unheld = self.engine.limits.num_total_blocks - sum(
-            run.num_kv_blocks for run in self.runs.values() if run.suspended_at is None
-        )
         suspended = [run for run in self.runs.values() if run.suspended_at is not None]
-        for run in sorted(suspended, key=lambda r: r.suspended_at or 0.0):
-            if run.num_kv_blocks > unheld:
-                return
-            unheld -= run.num_kv_blocks
-            run.suspended_at = None
-            self.engine.resume(run.run_id)
-            log.info("suspended run resumed", run_id=run.run_id)
+        suspended.sort(key=lambda run: run.suspended_at or 0.0)
+        for run_id in to_resume([_holding(run) for run in suspended], self._num_unheld_blocks):
+            self.runs[run_id].suspended_at = None
+            self.engine.resume(run_id)
+            log.info("suspended run resumed", run_id=run_id)
+
+    @property
+    def _num_unheld_blocks(self) -> int:
+        """Blocks that no running run holds: those a suspended one left count free."""
+        running = [run for run in self.runs.values() if run.suspended_at is None]
+        return self.engine.limits.num_total_blocks - sum(run.num_kv_blocks for run in running)
 
     def _check_newer(self, held: AssignedRun, assignment: Assignment) -> None:
         """A newer lease for a run held under an older one: the run was taken back and

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from services.core.shares import Holding, TenantLoad, make_room, room_by_share, tenant_loads
+from services.core.shares import (
+    Holding,
+    TenantLoad,
+    make_room,
+    room_by_share,
+    tenant_loads,
+    to_resume,
+)
 
 
 def flood(tenant: str, count: int, blocks: int = 10, weight: int = 1) -> list[Holding]:
@@ -71,3 +78,11 @@ def test_room_by_share_is_what_the_others_hold_over_their_shares() -> None:
 def test_tenant_loads_count_running_and_suspended_runs() -> None:
     loads = tenant_loads(flood("a", 3), [Holding("s", "a", 1, 10), Holding("t", "b", 2, 5)])
     assert loads == [TenantLoad("a", 1, 30, 3, 1, 30), TenantLoad("b", 2, 0, 0, 1, 0)]
+
+
+def test_suspended_runs_go_on_longest_suspended_first_none_passed_over() -> None:
+    suspended = [Holding("a", "f", 1, 10), Holding("b", "f", 1, 5), Holding("c", "g", 1, 3)]
+    assert to_resume(suspended, 18) == ["a", "b", "c"]
+    assert to_resume(suspended, 16) == ["a", "b"]
+    assert to_resume(suspended, 12) == ["a"]
+    assert to_resume(suspended, 8) == []  # b and c would fit, but a came first
