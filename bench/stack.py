@@ -69,7 +69,7 @@ from bench.stack_sides import (
     running_stack,
 )
 from bench.stack_telemetry import bench_telemetry
-from engine.config import EngineConfig
+from engine.config import KV_DTYPES, EngineConfig
 from engine.tokenizer import Tokenizer
 
 THROUGHPUT_TARGET = 0.85
@@ -226,6 +226,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--reference", action="store_true", help="--anchor: llama-server on Q4_1 too"
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default="bfloat16",
+        help="--anchor: the stack's KV cache (default bfloat16: llama-server's is 16-bit)",
     )
     parser.add_argument(
         "--sim-rates",

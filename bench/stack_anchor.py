@@ -7,7 +7,9 @@ llama-server runs alone on SmolLM2-135M-Instruct's GGUF at the precision compare
 against the engine's int8, F32 against its fp32; the shipped Q4_1 for reference), with
 `-np` the largest concurrency measured (its own continuous batching) and the threads the
 built-in engine would get. The stack is `tollgate up`'s four services with the built-in
-engine (`TOLLGATE_QUANTIZATION` int8 or none), its services sharing the same cores. One
+engine (`TOLLGATE_QUANTIZATION` int8 or none; its KV cache in bfloat16, `--kv-dtype`, as
+llama-server keeps its cache in 16-bit floats by default), its services sharing the same
+cores. One
 side runs at a time, the two in turns per precision. The client is the same for both: a
 bare asyncio one posting OpenAI's `/v1/completions` (the same text prompts of about
 `PROMPT_TOKENS` tokens, each level's its own so that no server's prompt cache holds them
@@ -229,6 +231,7 @@ def bench_anchor(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         "prompt_tokens": PROMPT_TOKENS,
         "threads": threads,
         "llama_server_slots": slots,
+        "kv_dtype": args.kv_dtype,
     }
 
     def llama_side(kind: str) -> Callable[[], dict[str, list[Level]]]:
@@ -247,7 +250,7 @@ def bench_anchor(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 
     def stack_side(quantization: str) -> Callable[[], dict[str, list[Level]]]:
         def run() -> dict[str, list[Level]]:
-            env = {"TOLLGATE_QUANTIZATION": quantization}
+            env = {"TOLLGATE_QUANTIZATION": quantization, "TOLLGATE_KV_DTYPE": args.kv_dtype}
             progress(f"the stack, built-in engine, quantization {quantization}")
             with running_stack(scratch, model_dir, args, log_dir, extra_env=env) as running:
                 key = tenant_key(running.gateway, running.admin_token, unlimited=True)

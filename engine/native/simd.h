@@ -14,8 +14,14 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* v8 at any float's address */
 typedef int8_t v8c __attribute__((vector_size(8), aligned(1)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-#define NR 16 /* columns per panel: two vectors of 8 */
-#define MR 6  /* rows of x per tile: 12 sums, 2 weight vectors and 1 input in 16 registers */
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4))); /* v16 at any float's address */
+#define NR 16 /* columns per panel: one vector of 16 (two of 8 where the CPU has no wider) */
+#ifdef __AVX512F__
+#define MR 8 /* rows of x per tile: 8 sums, a weight vector and an input in 32 registers */
+#else
+#define MR 6 /* rows of x per tile: 12 sums, 2 weight vectors and 1 input in 16 registers */
+#endif
 
 /* 8 int8 weights at p as floats. Written generically, GCC widens one element at a time. */
 static inline v8 widen(const int8_t *p) {
@@ -26,14 +32,24 @@ static inline v8 widen(const int8_t *p) {
 #endif
 }
 
-/* The weights of panel row k as two vectors of 8 floats; the bytes of one panel row. */
+/* 16 int8 weights at p as floats. */
+static inline v16 widen16(const int8_t *p) {
+#ifdef __AVX512F__
+    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#else
+    const v8 lo = widen(p), hi = widen(p + 8);
+    v16 both;
+    memcpy(&both, &lo, 32);
+    memcpy((char *)&both + 32, &hi, 32);
+    return both;
+#endif
+}
+
+/* The weights of panel row k as one vector of 16 floats; the bytes of one panel row. */
 #define LOAD_FLOAT_ROW_BYTES 64
 #define LOAD_INT8_ROW_BYTES 16
-#define LOAD_FLOAT(panel, k, w0, w1)                                                           \
-    const v8 w0 = ((const v8u *)(panel))[2 * (k)], w1 = ((const v8u *)(panel))[2 * (k) + 1]
-#define LOAD_INT8(panel, k, w0, w1)                                                            \
-    const v8 w0 = widen((const int8_t *)(panel) + 16 * (k)),                                   \
-             w1 = widen((const int8_t *)(panel) + 16 * (k) + 8)
+#define LOAD_FLOAT(panel, k, w) const v16 w = ((const v16u *)(panel))[k]
+#define LOAD_INT8(panel, k, w) const v16 w = widen16((const int8_t *)(panel) + 16 * (k))
 
 /* y[R, 16] = x[R, depth] . panel[depth, 16]: the tile's sums stay in registers while it walks
  * `depth`. The sums are added into y (or stored, when `first`), then multiplied by `scale`
@@ -43,50 +59,46 @@ static inline v8 widen(const int8_t *p) {
     static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel, float *y,   \
                      int64_t ldy, int first, const float *scale, const float *bias,            \
                      const char *ahead) {                                                      \
-        v8 sums[R][2];                                                                         \
-        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) sums[m][0] = sums[m][1] = (v8){0}; \
+        v16 sums[R];                                                                           \
+        _Pragma("GCC unroll 12") for (int m = 0; m < R; m++) sums[m] = (v16){0};               \
         for (int64_t k = 0; k < depth; k++) {                                                  \
             if (ahead) __builtin_prefetch(ahead + k * LOAD##_ROW_BYTES, 0, 2);                 \
-            LOAD(panel, k, w0, w1);                                                            \
-            _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                              \
-                const v8 a = (v8){0} + x[m * ldx + k];                                         \
-                sums[m][0] += a * w0;                                                          \
-                sums[m][1] += a * w1;                                                          \
-            }                                                                                  \
+            LOAD(panel, k, w);                                                                 \
+            _Pragma("GCC unroll 12") for (int m = 0; m < R; m++)                               \
+                sums[m] += ((v16){0} + x[m * ldx + k]) * w;                                    \
         }                                                                                      \
-        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                                  \
+        _Pragma("GCC unroll 12") for (int m = 0; m < R; m++) {                                 \
             float *row = y + m * ldy;                                                          \
-            v8 lo = sums[m][0], hi = sums[m][1], other;                                        \
-            if (!first) {                                                                      \
-                memcpy(&other, row, 32), lo += other;                                          \
-                memcpy(&other, row + 8, 32), hi += other;                                      \
-            }                                                                                  \
-            if (scale) {                                                                       \
-                memcpy(&other, scale, 32), lo *= other;                                        \
-                memcpy(&other, scale + 8, 32), hi *= other;                                    \
-            }                                                                                  \
-            if (bias) {                                                                        \
-                memcpy(&other, bias, 32), lo += other;                                         \
-                memcpy(&other, bias + 8, 32), hi += other;                                     \
-            }                                                                                  \
-            memcpy(row, &lo, 32);                                                              \
-            memcpy(row + 8, &hi, 32);                                                          \
+            v16 sum = sums[m], other;                                                          \
+            if (!first) memcpy(&other, row, 64), sum += other;                                 \
+            if (scale) memcpy(&other, scale, 64), sum *= other;                                \
+            if (bias) memcpy(&other, bias, 64), sum += other;                                  \
+            memcpy(row, &sum, 64);                                                             \
         }                                                                                      \
     }
 
-/* Tiles of 1 to MR rows, NAME_1 .. NAME_6, and a table of them by row count. */
-#define DEFINE_TILES(NAME, LOAD)                                                               \
+/* Tiles of 1 to MR rows, NAME_1 .. NAME_MR, and a table of them by row count. */
+#define DEFINE_TILES_6(NAME, LOAD)                                                             \
     DEFINE_TILE(NAME##_1, 1, LOAD)                                                             \
     DEFINE_TILE(NAME##_2, 2, LOAD)                                                             \
     DEFINE_TILE(NAME##_3, 3, LOAD)                                                             \
     DEFINE_TILE(NAME##_4, 4, LOAD)                                                             \
     DEFINE_TILE(NAME##_5, 5, LOAD)                                                             \
     DEFINE_TILE(NAME##_6, 6, LOAD)
+#if MR == 8
+#define DEFINE_TILES(NAME, LOAD)                                                               \
+    DEFINE_TILES_6(NAME, LOAD)                                                                 \
+    DEFINE_TILE(NAME##_7, 7, LOAD)                                                             \
+    DEFINE_TILE(NAME##_8, 8, LOAD)
+#define TILE_TABLE(NAME)                                                                       \
+    {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8}
+#else
+#define DEFINE_TILES(NAME, LOAD) DEFINE_TILES_6(NAME, LOAD)
+#define TILE_TABLE(NAME) {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6}
+#endif
 
 typedef void (*TileFn)(int64_t, const float *, int64_t, const void *, float *, int64_t, int,
                        const float *, const float *, const char *);
-
-#define TILE_TABLE(NAME) {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6}
 
 /* e^x, 8 at a time: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r by a degree-6
  * polynomial (relative error about 2e-7 over the range that does not overflow). */

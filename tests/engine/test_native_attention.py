@@ -44,6 +44,9 @@ def _decodes(lengths: list[int], block_size: int, num_blocks: int) -> list[Sched
         (48, 8, 2, torch.float32),
         (64, 8, 1, torch.bfloat16),
         (128, 8, 2, torch.bfloat16),
+        (64, 9, 3, torch.float32),  # SmolLM2's three query heads per KV head
+        (64, 7, 1, torch.bfloat16),  # a group that is not a whole number of passes
+        (128, 5, 1, torch.float32),
     ],
 )
 def test_kernel_matches_the_pytorch_decode(
