@@ -139,13 +139,14 @@ def _prefill_kernel(library: ctypes.CDLL) -> PrefillKernel:
     ) -> None:
         """Causal attention of a sequence's last n positions over its first `context_len`,
         whose keys and values are in the cache: q: [n, H, D] float32 (any row stride),
-        kv_cache: [2, KVH, slots, D] float32, block_index: the sequence's block ids (int64),
-        out: [n, H * D] float32 (any row stride), written."""
+        kv_cache: [2, KVH, slots, D] float32 or bfloat16, block_index: the sequence's block
+        ids (int64), out: [n, H * D] float32 (any row stride), written."""
         n, heads, dim = q.shape
         kv_heads, slots = kv_cache.shape[1], kv_cache.shape[2]
         needed = -(-context_len // block_size)
         if not (
-            q.dtype == kv_cache.dtype == out.dtype == torch.float32
+            q.dtype == out.dtype == torch.float32
+            and kv_cache.dtype in (torch.float32, torch.bfloat16)
             and q.stride(2) == 1
             and q.stride(1) == dim
             and dim % PANEL_WIDTH == 0
@@ -167,6 +168,7 @@ def _prefill_kernel(library: ctypes.CDLL) -> PrefillKernel:
             q.data_ptr(),
             q.stride(0),
             kv_cache.data_ptr(),
+            int(kv_cache.dtype == torch.bfloat16),
             block_index.data_ptr(),
             out.data_ptr(),
             out.stride(0),
@@ -425,6 +427,11 @@ def supports(dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
 
 
 def supports_prefill(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the prefill kernel takes them: it reads the chunk's own keys back from the
-    cache, so a narrower cache would round them (the PyTorch path keeps them exact)."""
-    return dtype == kv_dtype == torch.float32 and head_dim % PANEL_WIDTH == 0
+    """Whether the prefill kernel takes them. It reads the chunk's own keys and values back
+    from the cache, so with a bfloat16 cache it sees them rounded, as decode steps do (the
+    PyTorch path attends to the chunk's exact ones)."""
+    return (
+        dtype == torch.float32
+        and kv_dtype in (torch.float32, torch.bfloat16)
+        and head_dim % PANEL_WIDTH == 0
+    )

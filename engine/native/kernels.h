@@ -11,7 +11,7 @@ int tollgate_paged_decode(const float *q, const void *cache, int bf16, const int
                           const int64_t *lens, float *out, int64_t n, int64_t kv_heads,
                           int64_t group, int64_t dim, int64_t block_size, int64_t max_blocks,
                           int64_t slots, float scale, int threads);
-int tollgate_prefill_attention(const float *q, int64_t ldq, const float *cache,
+int tollgate_prefill_attention(const float *q, int64_t ldq, const void *cache, int bf16,
                                const int64_t *blocks, float *out, int64_t ldo, int64_t num_query,
                                int64_t context_len, int64_t heads, int64_t kv_heads, int64_t dim,
                                int64_t block_size, int64_t slots, float scale, int threads);

@@ -8,8 +8,9 @@
  * scores 16 positions at a time against the key panels, takes the softmax of each row over
  * the positions it may see, and multiplies the probabilities by the value panels.
  *
- * Cache layout: [2 (keys, values), kv_heads, slots, dim] float32; slot = block * block_size
- * + offset. dim is a multiple of 16.
+ * Cache layout: [2 (keys, values), kv_heads, slots, dim] float32 or bfloat16 (widened as it
+ * is packed; the chunk's own keys and values are then read rounded, as decode reads them);
+ * slot = block * block_size + offset. dim is a multiple of 16.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,7 +30,8 @@ static const TileFn TILES[MR + 1] = TILE_TABLE(attention_tile);
 typedef struct {
     const float *q;
     int64_t ldq;
-    const float *cache;
+    const void *cache;
+    int bf16;
     const int64_t *blocks;
     float *out;
     int64_t ldo, num_query, context_len, heads, kv_heads, dim, block_size, slots;
@@ -39,14 +41,25 @@ typedef struct {
     float *values;  /* [kv_heads, dim / 16, context_len, 16] */
 } Job;
 
-static const float *cache_row(const Job *job, int values, int64_t head, int64_t position) {
+/* Row `position` of `head` (keys, or values when `values`) as float32: in the cache, or
+ * widened from bfloat16 into `scratch` (dim floats). */
+static const float *cache_row(const Job *job, int values, int64_t head, int64_t position,
+                              float *scratch) {
     const int64_t slot =
         job->blocks[position / job->block_size] * job->block_size + position % job->block_size;
-    return job->cache + (((values ? job->kv_heads : 0) + head) * job->slots + slot) * job->dim;
+    const int64_t at = (((values ? job->kv_heads : 0) + head) * job->slots + slot) * job->dim;
+    if (!job->bf16) return (const float *)job->cache + at;
+    const uint16_t *src = (const uint16_t *)job->cache + at;
+    for (int64_t d = 0; d < job->dim; d++) {
+        const uint32_t bits = (uint32_t)src[d] << 16; /* a bfloat16 is a float32's upper half */
+        memcpy(scratch + d, &bits, sizeof(float));
+    }
+    return scratch;
 }
 
-/* Packs the keys and values of positions 16 p .. 16 p + 15 of one KV head. */
-static void pack_panel(const Job *job, int64_t head, int64_t p) {
+/* Packs the keys and values of positions 16 p .. 16 p + 15 of one KV head; `scratch`: 2 dim
+ * floats. */
+static void pack_panel(const Job *job, int64_t head, int64_t p, float *scratch) {
     const int64_t dim = job->dim, panels = job->padded / NR;
     float *keys = job->keys + (head * panels + p) * dim * NR;
     float *values = job->values + head * (dim / NR) * job->context_len * NR;
@@ -56,7 +69,8 @@ static void pack_panel(const Job *job, int64_t head, int64_t p) {
             for (int64_t d = 0; d < dim; d++) keys[d * NR + j] = 0.f;
             continue;
         }
-        const float *k = cache_row(job, 0, head, t), *v = cache_row(job, 1, head, t);
+        const float *k = cache_row(job, 0, head, t, scratch);
+        const float *v = cache_row(job, 1, head, t, scratch + dim);
         for (int64_t d = 0; d < dim; d++) keys[d * NR + j] = k[d] * job->scale;
         for (int64_t c = 0; c < dim / NR; c++)
             memcpy(values + (c * job->context_len + t) * NR, v + c * NR, sizeof(float) * NR);
@@ -98,14 +112,15 @@ static void attend(const Job *job, int64_t head, int64_t first, int rows, float 
  * is position context_len - num_query + i and sees positions 0 .. that one. blocks: the
  * sequence's block ids, covering context_len positions. Returns 0 on success, 1 when
  * scratch memory could not be allocated, 2 when dim is not a multiple of 16. */
-int tollgate_prefill_attention(const float *q, int64_t ldq, const float *cache,
+int tollgate_prefill_attention(const float *q, int64_t ldq, const void *cache, int bf16,
                                const int64_t *blocks, float *out, int64_t ldo, int64_t num_query,
                                int64_t context_len, int64_t heads, int64_t kv_heads, int64_t dim,
                                int64_t block_size, int64_t slots, float scale, int threads) {
     if (dim % NR != 0) return 2;
     if (num_query <= 0) return 0;
     const int64_t padded = (context_len + NR - 1) / NR * NR;
-    Job job = {.q = q, .ldq = ldq, .cache = cache, .blocks = blocks, .out = out, .ldo = ldo,
+    Job job = {.q = q, .ldq = ldq, .cache = cache, .bf16 = bf16, .blocks = blocks, .out = out,
+               .ldo = ldo,
                .num_query = num_query, .context_len = context_len, .heads = heads,
                .kv_heads = kv_heads, .dim = dim, .block_size = block_size, .slots = slots,
                .scale = scale, .padded = padded};
@@ -121,10 +136,11 @@ int tollgate_prefill_attention(const float *q, int64_t ldq, const float *cache,
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < kv_heads * panels; i++) pack_panel(&job, i / panels, i % panels);
-        float *scores = malloc(sizeof(float) * (size_t)(MR * padded));
+        float *scores = malloc(sizeof(float) * (size_t)(MR * padded + 2 * dim));
         failed = scores == NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < kv_heads * panels; i++)
+            if (scores) pack_panel(&job, i / panels, i % panels, scores);
         /* The last tiles see the most positions: they go first. */
 #pragma omp for schedule(dynamic)
         for (int64_t i = 0; i < tiles * heads; i++) {

@@ -191,7 +191,12 @@ class Dispatcher:
         self.state.settle(run.run_id, assignment)
         waited = metrics.observe_queue_time(run)
         trace.get_current_span().set_attribute("tollgate.queue_time_seconds", waited)
-        log.info("run assigned", worker_id=worker_id, lease_epoch=grant.lease_epoch)
+        log.info(
+            "run assigned",
+            worker_id=worker_id,
+            lease_epoch=grant.lease_epoch,
+            queued_s=round(waited, 3),
+        )
 
     def _not_now(self, run: QueuedRun, worker_id: str, outcome: AssignOutcome) -> None:
         if outcome == AssignOutcome.NO_ROOM:

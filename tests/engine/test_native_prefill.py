@@ -111,7 +111,7 @@ def test_the_kernel_refuses_inputs_it_would_misread() -> None:
     KERNEL(q, cache, blocks, 20, BLOCK_SIZE, 0.25, out)
     bad = [
         (q.double(), cache, blocks, 20, out),
-        (q, cache.bfloat16(), blocks, 20, out),  # the cache would round the chunk's keys
+        (q, cache.half(), blocks, 20, out),  # float16: neither cache it reads
         (q, cache.transpose(2, 3), blocks, 20, out),
         (q.transpose(1, 2), cache, blocks, 20, out),  # heads not side by side
         (torch.zeros(4, 4, 8), torch.zeros(2, 2, 64, 8), blocks, 20, out[:, :32]),  # D % 16
@@ -131,10 +131,24 @@ def test_the_kernel_refuses_inputs_it_would_misread() -> None:
             KERNEL(q_, cache_, blocks_, context_len, BLOCK_SIZE, 0.25, out_)
 
 
-def test_the_kernel_is_only_offered_where_it_reads_the_cache_exactly() -> None:
+def test_the_kernel_is_offered_for_float32_and_bfloat16_caches() -> None:
     assert native.supports_prefill(torch.float32, torch.float32, 64)
-    assert not native.supports_prefill(torch.float32, torch.bfloat16, 64)
+    assert native.supports_prefill(torch.float32, torch.bfloat16, 64)
+    assert not native.supports_prefill(torch.float32, torch.float16, 64)
     assert not native.supports_prefill(torch.float32, torch.float32, 40)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("n", "context_len"), [(7, 7), (131, 131), (40, 97)])
+def test_a_bfloat16_cache_is_read_as_its_values_widened(n: int, context_len: int) -> None:
+    """The chunk's own keys and values too come from the cache, rounded as stored."""
+    assert KERNEL is not None
+    q, cache, blocks = _case(n, context_len, 9, 3, 64)
+    rounded = cache.bfloat16()
+    out = torch.full((n, 9 * 64), float("nan"))
+    KERNEL(q, rounded, blocks, context_len, BLOCK_SIZE, 64**-0.5, out)
+    expected = _reference(q, rounded.float(), blocks, context_len)
+    assert torch.allclose(out.double(), expected, atol=2e-6), (out - expected).abs().max()
 
 
 def _forward(
@@ -190,10 +204,18 @@ def test_engine_gives_the_same_greedy_tokens_with_and_without_the_kernel(
 
 
 @needs_kernel
-def test_an_engine_with_a_bf16_cache_keeps_the_pytorch_prefill(
+def test_an_engine_with_a_bf16_cache_prefills_with_the_kernel(
     make_engine: Callable[..., LLMEngine],
 ) -> None:
-    """Its chunks attend to their fresh keys at full precision, not to the cache's
-    rounded copy."""
-    assert make_engine().runner.prefill_kernel is not None
-    assert make_engine(kv_dtype="bfloat16").runner.prefill_kernel is None
+    """Its chunks attend to the cache's rounded keys, as its decode steps do; on the tiny
+    model the greedy tokens are those of the PyTorch path, which attends to a chunk's
+    exact ones."""
+    prompts = [[(5 * j + i) % 180 + 4 for j in range(n)] for i, n in enumerate((30, 150))]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    results = []
+    for kernel in (None, KERNEL):
+        engine = make_engine(kv_dtype="bfloat16", max_num_batched_tokens=64)
+        assert engine.runner.prefill_kernel is not None
+        engine.runner.prefill_kernel = kernel
+        results.append([r.token_ids for r in engine.generate(prompts, params)])
+    assert results[0] == results[1]
