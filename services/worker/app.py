@@ -100,10 +100,12 @@ class WorkerSettings:
         )
 
 
-# The engine's process stands this far below the services, PostgreSQL and the broker,
-# which share its cores: their wake-ups take a core at once, so a run's events reach its
-# client sooner, and the engine has the cores back when they wait (bench/RESULTS.md).
-ENGINE_NICENESS = 5
+# The engine's process runs at the services' niceness by default. Below them, each of their
+# wake-ups takes a core from the engine's team at once and its step waits at the next
+# barrier for that thread: on steady streams the engine lost more than the services gained,
+# and beside a busy process it lost most of a core (bench/RESULTS.md). TOLLGATE_ENGINE_NICE
+# puts it below them where their latency matters more.
+ENGINE_NICENESS = 0
 
 
 def engine_niceness(configured: int) -> int:

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine.config import EngineConfig
@@ -148,6 +149,14 @@ async def test_shutdown_stops_the_child_and_fails_open_streams(tiny_dir: Path) -
     with pytest.raises(EngineClosedError):
         engine.add_request("after", [5], GREEDY)
     assert not engine._process.is_alive() and engine._process.exitcode == 0
+
+
+async def test_the_child_runs_at_the_niceness_it_is_given(tiny_dir: Path) -> None:
+    engine = await ProcessEngine.start(tiny_dir, CONFIG, niceness=3)
+    try:
+        assert psutil.Process(engine._process.pid).nice() == os.nice(0) + 3
+    finally:
+        await engine.shutdown()
 
 
 async def test_a_model_that_cannot_load_raises(tmp_path: Path) -> None:

@@ -73,12 +73,12 @@ def test_an_unknown_value_names_the_variable(
         WorkerSettings.from_env()
 
 
-def test_the_engine_process_stands_below_the_services_unless_told_otherwise(
+def test_the_engine_process_runs_at_the_services_niceness_unless_told_otherwise(
     worker_env: pytest.MonkeyPatch,
 ) -> None:
-    assert WorkerSettings.from_env().engine_niceness == 5
-    worker_env.setenv("TOLLGATE_ENGINE_NICE", "0")
     assert WorkerSettings.from_env().engine_niceness == 0
+    worker_env.setenv("TOLLGATE_ENGINE_NICE", "5")
+    assert WorkerSettings.from_env().engine_niceness == 5
 
 
 @pytest.mark.parametrize("value", ["-1", "20"])
