@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import os
 import queue
@@ -227,6 +228,9 @@ def serve(conn: Connection, model_dir: str, config: EngineConfig, niceness: int 
             ("error", error if isinstance(error, EngineError) else ModelLoadError(repr(error)))
         )
         return
+    # The model's objects live as long as the process: the collector need not walk them
+    # again at each collection of the steps' garbage.
+    gc.freeze()
     conn.send(("ready", engine.limits))
     threads = choice_for_engine()
     try:

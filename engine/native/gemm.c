@@ -30,56 +30,58 @@
 DEFINE_TILES(float_tile, LOAD_FLOAT)
 DEFINE_TILES(int8_tile, LOAD_INT8)
 
-/* y[R, 32] = x[R, depth] . two panels, `second` bytes after the first: as a tile of one
- * panel, each input broadcast once for both, so a row of x costs one load per 32 sums. The
- * panels of the next pair are asked for as it walks, given `ahead`. */
-#define DEFINE_PAIR_TILE(NAME, R, LOAD)                                                        \
+/* y[R, 16 P] = x[R, depth] . P panels (2 or 3), each `second` bytes after the one before: as a tile
+ * of one panel, each input broadcast once for all P, so a row of x costs one load per 16 P
+ * sums. The panels of the next group are asked for as it walks, given `ahead`. */
+#define DEFINE_GROUP_TILE(NAME, R, P, LOAD)                                                    \
     static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel,           \
                      int64_t second, float *y, int64_t ldy, int first, const float *scale,    \
                      const float *bias, const char *ahead) {                                   \
-        v16 sums[R][2];                                                                        \
-        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) sums[m][0] = sums[m][1] = (v16){0}; \
-        const char *other = (const char *)panel + second;                                      \
+        v16 sums[R][P];                                                                        \
+        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++)                                    \
+            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) sums[m][g] = (v16){0};         \
         for (int64_t k = 0; k < depth; k++) {                                                  \
-            if (ahead) {                                                                       \
-                __builtin_prefetch(ahead + k * LOAD##_ROW_BYTES, 0, 2);                        \
-                __builtin_prefetch(ahead + second + k * LOAD##_ROW_BYTES, 0, 2);               \
+            v16 w[P];                                                                          \
+            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) {                              \
+                const char *at = (const char *)panel + g * second;                             \
+                if (ahead) __builtin_prefetch(ahead + g * second + k * LOAD##_ROW_BYTES, 0, 2); \
+                LOAD(at, k, one);                                                              \
+                w[g] = one;                                                                    \
             }                                                                                  \
-            LOAD(panel, k, w0);                                                                \
-            LOAD(other, k, w1);                                                                \
             _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                              \
                 const v16 a = (v16){0} + x[m * ldx + k];                                       \
-                sums[m][0] += a * w0;                                                          \
-                sums[m][1] += a * w1;                                                          \
+                _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) sums[m][g] += a * w[g];    \
             }                                                                                  \
         }                                                                                      \
         _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                                  \
-            for (int half = 0; half < 2; half++) {                                             \
-                float *row = y + m * ldy + 16 * half;                                          \
-                v16 sum = sums[m][half], more;                                                 \
+            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) {                              \
+                float *row = y + m * ldy + 16 * g;                                             \
+                v16 sum = sums[m][g], more;                                                    \
                 if (!first) memcpy(&more, row, 64), sum += more;                               \
-                if (scale) memcpy(&more, scale + 16 * half, 64), sum *= more;                  \
-                if (bias) memcpy(&more, bias + 16 * half, 64), sum += more;                    \
+                if (scale) memcpy(&more, scale + 16 * g, 64), sum *= more;                     \
+                if (bias) memcpy(&more, bias + 16 * g, 64), sum += more;                       \
                 memcpy(row, &sum, 64);                                                         \
             }                                                                                  \
         }                                                                                      \
     }
 
-#define PAIR_MR 8 /* rows of a pair's tile: 16 sums, two weight vectors and an input */
-#define DEFINE_PAIR_TILES(NAME, LOAD)                                                          \
-    DEFINE_PAIR_TILE(NAME##_1, 1, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_2, 2, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_3, 3, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_4, 4, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_5, 5, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_6, 6, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_7, 7, LOAD)                                                        \
-    DEFINE_PAIR_TILE(NAME##_8, 8, LOAD)
+#define PAIR_MR 8 /* rows of a group's tile: 8 P sums, P weight vectors and an input */
+#define DEFINE_GROUP_TILES(NAME, P, LOAD)                                                      \
+    DEFINE_GROUP_TILE(NAME##_1, 1, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_2, 2, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_3, 3, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_4, 4, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_5, 5, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_6, 6, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_7, 7, P, LOAD)                                                    \
+    DEFINE_GROUP_TILE(NAME##_8, 8, P, LOAD)
 #define PAIR_TABLE(NAME)                                                                       \
     {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8}
 
-DEFINE_PAIR_TILES(float_pair, LOAD_FLOAT)
-DEFINE_PAIR_TILES(int8_pair, LOAD_INT8)
+DEFINE_GROUP_TILES(float_pair, 2, LOAD_FLOAT)
+DEFINE_GROUP_TILES(int8_pair, 2, LOAD_INT8)
+DEFINE_GROUP_TILES(float_triple, 3, LOAD_FLOAT)
+DEFINE_GROUP_TILES(int8_triple, 3, LOAD_INT8)
 
 typedef void (*PairFn)(int64_t, const float *, int64_t, const void *, int64_t, float *, int64_t,
                        int, const float *, const float *, const char *);
@@ -87,21 +89,24 @@ typedef void (*PairFn)(int64_t, const float *, int64_t, const void *, int64_t, f
 /* How to multiply by one kind of weight: its tiles by row count, and its element size. */
 typedef struct {
     TileFn tiles[MR + 1];
-    PairFn pairs[PAIR_MR + 1];
+    PairFn groups[4][PAIR_MR + 1]; /* by panels at once (2 or 3), then rows */
     int64_t element_size;
 } Weights;
 
-static const Weights FLOAT_WEIGHTS = {TILE_TABLE(float_tile), PAIR_TABLE(float_pair), 4};
-static const Weights INT8_WEIGHTS = {TILE_TABLE(int8_tile), PAIR_TABLE(int8_pair), 1};
+static const Weights FLOAT_WEIGHTS = {
+    TILE_TABLE(float_tile), {{0}, {0}, PAIR_TABLE(float_pair), PAIR_TABLE(float_triple)}, 4};
+static const Weights INT8_WEIGHTS = {
+    TILE_TABLE(int8_tile), {{0}, {0}, PAIR_TABLE(int8_pair), PAIR_TABLE(int8_triple)}, 1};
 
 /* `rows` rows of x by two whole panels, `second` bytes apart. */
-static void rows_by_pair(const Weights *kind, int64_t rows, int64_t depth, const float *x,
-                         int64_t K, const void *panel, int64_t second, float *y, int64_t N,
-                         int first, const float *scale, const float *bias, const char *ahead) {
+static void rows_by_group(const Weights *kind, int64_t count, int64_t rows, int64_t depth,
+                          const float *x, int64_t K, const void *panel, int64_t second, float *y,
+                          int64_t N, int first, const float *scale, const float *bias,
+                          const char *ahead) {
     for (int64_t m = 0; m < rows; m += PAIR_MR) {
         const int r = (int)(rows - m < PAIR_MR ? rows - m : PAIR_MR);
-        kind->pairs[r](depth, x + m * K, K, panel, second, y + m * N, N, first, scale, bias,
-                       m == 0 ? ahead : 0);
+        kind->groups[count][r](depth, x + m * K, K, panel, second, y + m * N, N, first, scale,
+                               bias, m == 0 ? ahead : 0);
     }
 }
 
@@ -151,12 +156,15 @@ static void gemm_tasks(const Weights *kind, const float *x, const void *panels,
                 const int64_t n = p * NR, width = N - n < NR ? N - n : NR;
                 const char *panel =
                     (const char *)panels + p * panel_bytes + k0 * NR * kind->element_size;
-                if (p + 1 < stop && N - n >= 2 * NR) { /* two whole panels at once */
-                    rows_by_pair(kind, rows, depth, x + m0 * K + k0, K, panel, panel_bytes,
-                                 y + m0 * N + n, N, k0 == 0, last && scale ? scale + n : 0,
-                                 last && bias ? bias + n : 0,
-                                 p + 2 < stop ? panel + 2 * panel_bytes : 0);
-                    p += 2;
+                /* Three whole panels at once, or two, where the task has them. */
+                const int64_t whole = (N - n) / NR < stop - p ? (N - n) / NR : stop - p;
+                const int64_t count = whole >= 3 ? 3 : whole;
+                if (count >= 2) {
+                    rows_by_group(kind, count, rows, depth, x + m0 * K + k0, K, panel,
+                                  panel_bytes, y + m0 * N + n, N, k0 == 0,
+                                  last && scale ? scale + n : 0, last && bias ? bias + n : 0,
+                                  p + count < stop ? panel + count * panel_bytes : 0);
+                    p += count;
                     continue;
                 }
                 rows_by_panel(kind, rows, depth, x + m0 * K + k0, K, panel, y + m0 * N + n, N,
