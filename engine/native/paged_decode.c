@@ -174,10 +174,10 @@ static inline __attribute__((always_inline)) void wide_pass(const Job *job, int6
             held[j][c] = values ? _mm512_setzero_ps() : _mm512_loadu_ps(q + j * dim + 16 * c);
     for (int64_t b = 0; b < blocks; b++) {
         /* The block WIDE_AHEAD on, or past the last block of keys the values' first. */
-        const int64_t far = b + WIDE_AHEAD, wraps = far >= blocks;
+        const int64_t far = b + WIDE_AHEAD, wraps = far >= blocks, at = wraps ? far - blocks : far;
         const int next_values = values || wraps;
-        const int64_t next = table[wraps ? far - blocks : far];
-        const int ahead = ahead_ok && (!wraps || !values) && (!wraps || far - blocks < blocks);
+        const int ahead = ahead_ok && at < blocks && !(wraps && values);
+        const int64_t next = ahead ? table[at] : 0;
         const int64_t end = (b + 1) * bs < len ? (b + 1) * bs : len;
         for (int64_t t = b * bs; t < end; t++) {
             const int64_t slot = table[b] * bs + t - b * bs;
