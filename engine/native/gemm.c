@@ -2,11 +2,11 @@
  *
  * W is packed once, in panels of 16 output features: panels[p, k, j] = W[16 p + j, k], rows
  * past N zero. Weights are float32, or int8 with one float32 scale per output feature
- * (y = (x . Q^T) * scale + bias), widened to float32 in registers. A tile of up to 6 rows
- * of x by one panel (simd.h) keeps its 6 x 16 sums in registers while it walks K: each step
- * loads 16 weights, broadcasts 6 inputs and does 12 vector multiply-adds. So each weight read
- * from memory serves every row of x, which is what decode steps (a few rows against all of a
- * layer's weights) are bound by. While the first tile of rows walks a panel, it asks for the
+ * (y = (x . Q^T) * scale + bias), widened to float32 in registers. A tile of up to 8 rows
+ * of x by up to three panels (simd.h) keeps its sums in registers while it walks K: each step
+ * loads the panels' 16 weights each and broadcasts each row's input once for all of them.
+ * So each weight read from memory serves every row of x, which is what decode steps (a few
+ * rows against all of a layer's weights) are bound by. While the first tile of rows walks a panel, it asks for the
  * task's next panel: the tiles after it multiply from cache while that panel arrives, and the
  * next panel's first tile finds it there, so reading weights overlaps multiplying them.
  *
@@ -30,75 +30,25 @@
 DEFINE_TILES(float_tile, LOAD_FLOAT)
 DEFINE_TILES(int8_tile, LOAD_INT8)
 
-/* y[R, 16 P] = x[R, depth] . P panels (2 or 3), each `second` bytes after the one before: as a tile
- * of one panel, each input broadcast once for all P, so a row of x costs one load per 16 P
- * sums. The panels of the next group are asked for as it walks, given `ahead`. */
-#define DEFINE_GROUP_TILE(NAME, R, P, LOAD)                                                    \
-    static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel,           \
-                     int64_t second, float *y, int64_t ldy, int first, const float *scale,    \
-                     const float *bias, const char *ahead) {                                   \
-        v16 sums[R][P];                                                                        \
-        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++)                                    \
-            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) sums[m][g] = (v16){0};         \
-        for (int64_t k = 0; k < depth; k++) {                                                  \
-            v16 w[P];                                                                          \
-            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) {                              \
-                const char *at = (const char *)panel + g * second;                             \
-                if (ahead) __builtin_prefetch(ahead + g * second + k * LOAD##_ROW_BYTES, 0, 2); \
-                LOAD(at, k, one);                                                              \
-                w[g] = one;                                                                    \
-            }                                                                                  \
-            _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                              \
-                const v16 a = (v16){0} + x[m * ldx + k];                                       \
-                _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) sums[m][g] += a * w[g];    \
-            }                                                                                  \
-        }                                                                                      \
-        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                                  \
-            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) {                              \
-                float *row = y + m * ldy + 16 * g;                                             \
-                v16 sum = sums[m][g], more;                                                    \
-                if (!first) memcpy(&more, row, 64), sum += more;                               \
-                if (scale) memcpy(&more, scale + 16 * g, 64), sum *= more;                     \
-                if (bias) memcpy(&more, bias + 16 * g, 64), sum += more;                       \
-                memcpy(row, &sum, 64);                                                         \
-            }                                                                                  \
-        }                                                                                      \
-    }
-
-#define PAIR_MR 8 /* rows of a group's tile: 8 P sums, P weight vectors and an input */
-#define DEFINE_GROUP_TILES(NAME, P, LOAD)                                                      \
-    DEFINE_GROUP_TILE(NAME##_1, 1, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_2, 2, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_3, 3, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_4, 4, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_5, 5, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_6, 6, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_7, 7, P, LOAD)                                                    \
-    DEFINE_GROUP_TILE(NAME##_8, 8, P, LOAD)
-#define PAIR_TABLE(NAME)                                                                       \
-    {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8}
-
-DEFINE_GROUP_TILES(float_pair, 2, LOAD_FLOAT)
-DEFINE_GROUP_TILES(int8_pair, 2, LOAD_INT8)
-DEFINE_GROUP_TILES(float_triple, 3, LOAD_FLOAT)
-DEFINE_GROUP_TILES(int8_triple, 3, LOAD_INT8)
-
-typedef void (*PairFn)(int64_t, const float *, int64_t, const void *, int64_t, float *, int64_t,
-                       int, const float *, const float *, const char *);
+#define PAIR_MR 8 /* rows of a tile of 2 or 3 panels: 8 P sums, P weight vectors and an input */
+DEFINE_TILES_8(float_pair, 2, LOAD_FLOAT)
+DEFINE_TILES_8(int8_pair, 2, LOAD_INT8)
+DEFINE_TILES_8(float_triple, 3, LOAD_FLOAT)
+DEFINE_TILES_8(int8_triple, 3, LOAD_INT8)
 
 /* How to multiply by one kind of weight: its tiles by row count, and its element size. */
 typedef struct {
     TileFn tiles[MR + 1];
-    PairFn groups[4][PAIR_MR + 1]; /* by panels at once (2 or 3), then rows */
+    TileFn groups[4][PAIR_MR + 1]; /* by panels at once (2 or 3), then rows */
     int64_t element_size;
 } Weights;
 
 static const Weights FLOAT_WEIGHTS = {
-    TILE_TABLE(float_tile), {{0}, {0}, PAIR_TABLE(float_pair), PAIR_TABLE(float_triple)}, 4};
+    TILE_TABLE(float_tile), {{0}, {0}, TILE_TABLE_8(float_pair), TILE_TABLE_8(float_triple)}, 4};
 static const Weights INT8_WEIGHTS = {
-    TILE_TABLE(int8_tile), {{0}, {0}, PAIR_TABLE(int8_pair), PAIR_TABLE(int8_triple)}, 1};
+    TILE_TABLE(int8_tile), {{0}, {0}, TILE_TABLE_8(int8_pair), TILE_TABLE_8(int8_triple)}, 1};
 
-/* `rows` rows of x by two whole panels, `second` bytes apart. */
+/* `rows` rows of x by `count` whole panels (2 or 3), `second` bytes apart. */
 static void rows_by_group(const Weights *kind, int64_t count, int64_t rows, int64_t depth,
                           const float *x, int64_t K, const void *panel, int64_t second, float *y,
                           int64_t N, int first, const float *scale, const float *bias,
@@ -119,7 +69,7 @@ static void rows_by_panel(const Weights *kind, int64_t rows, int64_t depth, cons
         /* The first tile reads the panel from memory; it fetches the next one meanwhile. */
         const char *fetch = m == 0 ? ahead : 0;
         if (width == NR) {
-            kind->tiles[r](depth, x + m * K, K, panel, y + m * N, N, first, scale, bias, fetch);
+            kind->tiles[r](depth, x + m * K, K, panel, 0, y + m * N, N, first, scale, bias, fetch);
             continue;
         }
         /* A last panel narrower than 16 goes through a full-width scratch tile. */
@@ -128,7 +78,7 @@ static void rows_by_panel(const Weights *kind, int64_t rows, int64_t depth, cons
             if (!first) memcpy(scratch + i * NR, y + (m + i) * N, sizeof(float) * width);
         if (scale) memcpy(padded_scale, scale, sizeof(float) * width);
         if (bias) memcpy(padded_bias, bias, sizeof(float) * width);
-        kind->tiles[r](depth, x + m * K, K, panel, scratch, NR, 0, scale ? padded_scale : 0,
+        kind->tiles[r](depth, x + m * K, K, panel, 0, scratch, NR, 0, scale ? padded_scale : 0,
                        bias ? padded_bias : 0, 0);
         for (int i = 0; i < r; i++)
             memcpy(y + (m + i) * N, scratch + i * NR, sizeof(float) * width);

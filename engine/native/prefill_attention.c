@@ -94,15 +94,15 @@ static void attend(const Job *job, int64_t head, int64_t first, int rows, float 
     const float *keys = job->keys + kv_head * (job->padded / NR) * dim * NR;
     const float *q = job->q + first * job->ldq + head * dim;
     for (int64_t p = 0; p < panels; p++)
-        TILES[rows](dim, q, job->ldq, keys + p * dim * NR, scores + p * NR, job->padded, 1, 0, 0,
-                    0);
+        TILES[rows](dim, q, job->ldq, keys + p * dim * NR, 0, scores + p * NR, job->padded, 1,
+                    0, 0, 0);
     float inverse_sums[MR];
     for (int m = 0; m < rows; m++)
         inverse_sums[m] = softmax_row(scores + m * job->padded, offset + first + m + 1, width);
     const float *values = job->values + kv_head * (dim / NR) * job->context_len * NR;
     float *out = job->out + first * job->ldo + head * dim;
     for (int64_t c = 0; c < dim / NR; c++)
-        TILES[rows](seen_last, scores, job->padded, values + c * job->context_len * NR,
+        TILES[rows](seen_last, scores, job->padded, values + c * job->context_len * NR, 0,
                     out + c * NR, job->ldo, 1, 0, 0, 0);
     for (int m = 0; m < rows; m++)
         for (int64_t e = 0; e < dim; e++) out[m * job->ldo + e] *= inverse_sums[m];

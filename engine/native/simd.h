@@ -51,54 +51,69 @@ static inline v16 widen16(const int8_t *p) {
 #define LOAD_FLOAT(panel, k, w) const v16 w = ((const v16u *)(panel))[k]
 #define LOAD_INT8(panel, k, w) const v16 w = widen16((const int8_t *)(panel) + 16 * (k))
 
-/* y[R, 16] = x[R, depth] . panel[depth, 16]: the tile's sums stay in registers while it walks
- * `depth`. The sums are added into y (or stored, when `first`), then multiplied by `scale`
- * and `bias` added, each when given. Rows of x and y are ldx and ldy floats apart. Given
- * `ahead`, a panel of the same depth, the tile asks for it (into L2) row by row as it walks. */
-#define DEFINE_TILE(NAME, R, LOAD)                                                             \
-    static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel, float *y,   \
-                     int64_t ldy, int first, const float *scale, const float *bias,            \
-                     const char *ahead) {                                                      \
-        v16 sums[R];                                                                           \
-        _Pragma("GCC unroll 12") for (int m = 0; m < R; m++) sums[m] = (v16){0};               \
+/* y[R, 16 P] = x[R, depth] . P panels[depth, 16], each `next` bytes after the one before
+ * (1 to 3 panels; `next` is unused for one): the tile's sums stay in registers while it
+ * walks `depth`, and each input is broadcast once for all P panels. The sums are added into
+ * y (or stored, when `first`), then multiplied by `scale` and `bias` added, each when given.
+ * Rows of x and y are ldx and ldy floats apart. Given `ahead`, P panels of the same depth
+ * and spacing, the tile asks for them (into L2) row by row as it walks. */
+#define DEFINE_TILE(NAME, R, P, LOAD)                                                          \
+    static void NAME(int64_t depth, const float *x, int64_t ldx, const void *panel,           \
+                     int64_t next, float *y, int64_t ldy, int first, const float *scale,      \
+                     const float *bias, const char *ahead) {                                   \
+        v16 sums[R][P];                                                                        \
+        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++)                                    \
+            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) sums[m][g] = (v16){0};         \
         for (int64_t k = 0; k < depth; k++) {                                                  \
-            if (ahead) __builtin_prefetch(ahead + k * LOAD##_ROW_BYTES, 0, 2);                 \
-            LOAD(panel, k, w);                                                                 \
-            _Pragma("GCC unroll 12") for (int m = 0; m < R; m++)                               \
-                sums[m] += ((v16){0} + x[m * ldx + k]) * w;                                    \
+            v16 w[P];                                                                          \
+            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) {                              \
+                if (ahead) __builtin_prefetch(ahead + g * next + k * LOAD##_ROW_BYTES, 0, 2);  \
+                LOAD((const char *)panel + g * next, k, one);                                  \
+                w[g] = one;                                                                    \
+            }                                                                                  \
+            _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                              \
+                const v16 a = (v16){0} + x[m * ldx + k];                                       \
+                _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) sums[m][g] += a * w[g];    \
+            }                                                                                  \
         }                                                                                      \
-        _Pragma("GCC unroll 12") for (int m = 0; m < R; m++) {                                 \
-            float *row = y + m * ldy;                                                          \
-            v16 sum = sums[m], other;                                                          \
-            if (!first) memcpy(&other, row, 64), sum += other;                                 \
-            if (scale) memcpy(&other, scale, 64), sum *= other;                                \
-            if (bias) memcpy(&other, bias, 64), sum += other;                                  \
-            memcpy(row, &sum, 64);                                                             \
+        _Pragma("GCC unroll 8") for (int m = 0; m < R; m++) {                                  \
+            _Pragma("GCC unroll 3") for (int g = 0; g < P; g++) {                              \
+                float *row = y + m * ldy + 16 * g;                                             \
+                v16 sum = sums[m][g], more;                                                    \
+                if (!first) memcpy(&more, row, 64), sum += more;                               \
+                if (scale) memcpy(&more, scale + 16 * g, 64), sum *= more;                     \
+                if (bias) memcpy(&more, bias + 16 * g, 64), sum += more;                       \
+                memcpy(row, &sum, 64);                                                         \
+            }                                                                                  \
         }                                                                                      \
     }
 
-/* Tiles of 1 to MR rows, NAME_1 .. NAME_MR, and a table of them by row count. */
-#define DEFINE_TILES_6(NAME, LOAD)                                                             \
-    DEFINE_TILE(NAME##_1, 1, LOAD)                                                             \
-    DEFINE_TILE(NAME##_2, 2, LOAD)                                                             \
-    DEFINE_TILE(NAME##_3, 3, LOAD)                                                             \
-    DEFINE_TILE(NAME##_4, 4, LOAD)                                                             \
-    DEFINE_TILE(NAME##_5, 5, LOAD)                                                             \
-    DEFINE_TILE(NAME##_6, 6, LOAD)
-#if MR == 8
-#define DEFINE_TILES(NAME, LOAD)                                                               \
-    DEFINE_TILES_6(NAME, LOAD)                                                                 \
-    DEFINE_TILE(NAME##_7, 7, LOAD)                                                             \
-    DEFINE_TILE(NAME##_8, 8, LOAD)
-#define TILE_TABLE(NAME)                                                                       \
+/* Tiles of P panels and 1 to 6 (or 8) rows, NAME_1 .. NAME_8, and a table of them by row
+ * count; DEFINE_TILES and TILE_TABLE: one panel, 1 to MR rows. */
+#define DEFINE_TILES_6(NAME, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_1, 1, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_2, 2, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_3, 3, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_4, 4, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_5, 5, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_6, 6, P, LOAD)
+#define DEFINE_TILES_8(NAME, P, LOAD)                                                          \
+    DEFINE_TILES_6(NAME, P, LOAD)                                                              \
+    DEFINE_TILE(NAME##_7, 7, P, LOAD)                                                          \
+    DEFINE_TILE(NAME##_8, 8, P, LOAD)
+#define TILE_TABLE_6(NAME) {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6}
+#define TILE_TABLE_8(NAME)                                                                     \
     {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8}
+#if MR == 8
+#define DEFINE_TILES(NAME, LOAD) DEFINE_TILES_8(NAME, 1, LOAD)
+#define TILE_TABLE(NAME) TILE_TABLE_8(NAME)
 #else
-#define DEFINE_TILES(NAME, LOAD) DEFINE_TILES_6(NAME, LOAD)
-#define TILE_TABLE(NAME) {0, NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6}
+#define DEFINE_TILES(NAME, LOAD) DEFINE_TILES_6(NAME, 1, LOAD)
+#define TILE_TABLE(NAME) TILE_TABLE_6(NAME)
 #endif
 
-typedef void (*TileFn)(int64_t, const float *, int64_t, const void *, float *, int64_t, int,
-                       const float *, const float *, const char *);
+typedef void (*TileFn)(int64_t, const float *, int64_t, const void *, int64_t, float *, int64_t,
+                       int, const float *, const float *, const char *);
 
 /* e^x, 8 at a time: 2^n * e^r with n = round(x / ln 2), |r| <= ln(2) / 2, e^r by a degree-6
  * polynomial (relative error about 2e-7 over the range that does not overflow). */
