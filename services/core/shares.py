@@ -72,6 +72,26 @@ def tenant_loads(running: Iterable[Holding], suspended: Iterable[Holding] = ()) 
     ]
 
 
+def with_runs(loads: Iterable[TenantLoad], runs: Iterable[Holding]) -> list[TenantLoad]:
+    """`loads` with `runs` added to their tenants' (runs on their way to the worker)."""
+    merged = {load.tenant_id: load for load in loads}
+    for more in tenant_loads(runs):
+        load = merged.get(more.tenant_id)
+        merged[more.tenant_id] = (
+            more
+            if load is None
+            else TenantLoad(
+                load.tenant_id,
+                load.weight,
+                load.num_kv_blocks + more.num_kv_blocks,
+                load.num_runs + more.num_runs,
+                load.num_suspended_runs,
+                load.num_suspendable_blocks + more.num_suspendable_blocks,
+            )
+        )
+    return [merged[t] for t in sorted(merged)]
+
+
 def shares(weights: dict[str, int], num_total_blocks: int) -> dict[str, float]:
     """Each tenant's share of `num_total_blocks`, by its weight among `weights`."""
     total = sum(max(1, w) for w in weights.values())

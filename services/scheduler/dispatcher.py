@@ -92,9 +92,7 @@ class Dispatcher:
             self.state.put_back(run)
             return None
         # Held while the assignment is in flight, so parallel dispatches do not overbook.
-        self.state.registry.reserve(
-            worker.worker_id, run.run_id, run.num_kv_blocks, time.monotonic()
-        )
+        self.state.registry.reserve(worker.worker_id, run.holding(time.monotonic()))
         return run, worker
 
     async def _wait_out_backoff(self) -> None:

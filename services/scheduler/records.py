@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.sampling import blocks_for_run
 from services.core.runs import RunState, is_ended
+from services.core.shares import Holding
 from services.scheduler.fair_queue import QueueClass, Ticket
 
 # Lease owner while the scheduler itself settles a run whose worker was lost.
@@ -40,6 +41,18 @@ class QueuedRun:
     @property
     def sampling(self) -> Mapping[str, Any]:
         return self.payload.get("sampling", {})
+
+    def holding(self, since: float) -> Holding:
+        """The run on a worker, as far as shares are concerned, from `since`."""
+        return Holding(
+            self.run_id,
+            self.tenant_id,
+            self.weight,
+            self.num_kv_blocks,
+            interactive=self.queue_class == QueueClass.INTERACTIVE,
+            since=since,
+            suspendable=int(self.sampling.get("n", 1)) == 1,
+        )
 
     def ticket(self) -> Ticket:
         return Ticket(

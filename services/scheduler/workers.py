@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.core.shares import TenantLoad, room_by_share, standing
+from services.core.shares import Holding, TenantLoad, room_by_share, standing, with_runs
 
 log = structlog.get_logger(__name__)
 
@@ -70,12 +70,13 @@ class Worker:
     engine_kind: str = ""
     # The most tokens one run may hold there, when less than its pool; 0: its pool's.
     max_run_tokens: int = 0
-    # Runs reserved here that no report has listed yet: their blocks, and when reserved.
-    held: dict[str, tuple[int, float]] = field(default_factory=dict)
-    # Each tenant's runs as last reported (empty after a run was refused room since), and
-    # whether runs can be suspended there to make room for a tenant under its share.
+    # Runs reserved here that no report has listed yet (`since`: when reserved).
+    held: dict[str, Holding] = field(default_factory=dict)
+    # Each tenant's runs as last reported, and whether runs can be suspended there to make
+    # room for a tenant under its share (none since it refused a run, until it reports).
     tenants: tuple[TenantLoad, ...] = ()
     suspends_runs: bool = False
+    refused_room: bool = False
 
     def serves(self, model: str) -> bool:
         return not self.model or self.model == model or model in self.adapters
@@ -95,18 +96,23 @@ class Worker:
         """The blocks a run of `tenant_id` would surely find here, suspending runs of
         tenants over their shares where it may (services/core/shares.py); 0 where runs
         are not suspended."""
-        if not self.suspends_runs:
+        if not self.suspends_runs or self.refused_room:
             return 0
         return self.num_free_blocks + room_by_share(
-            self.tenants, tenant_id, weight, num_kv_blocks, self.capacity
+            self.loads, tenant_id, weight, num_kv_blocks, self.capacity
         )
 
     def within_share(self, tenant_id: str, weight: int, waiting: Mapping[str, int]) -> bool:
         """Whether `tenant_id` holds less than its share here, among the tenants with runs
         here and those `waiting` (tenant -> weight): then it may take one more run, however
         large, so that a run larger than its share waits only for its own tenant's."""
-        held, share = standing(self.tenants, {**waiting, tenant_id: weight}, self.capacity)
+        held, share = standing(self.loads, {**waiting, tenant_id: weight}, self.capacity)
         return len(share) < 2 or held.get(tenant_id, 0) < share[tenant_id]
+
+    @property
+    def loads(self) -> list[TenantLoad]:
+        """Each tenant's runs here: as last reported, and those on their way since."""
+        return with_runs(self.tenants, self.held.values())
 
     @property
     def capacity(self) -> int:
@@ -182,15 +188,16 @@ class WorkerRegistry:
         worker.held = {
             run_id: held
             for run_id, held in worker.held.items()
-            if run_id not in report.running_run_ids and now - held[1] <= self.held_timeout
+            if run_id not in report.running_run_ids and now - held.since <= self.held_timeout
         }
-        held_blocks = sum(blocks for blocks, _ in worker.held.values())
+        held_blocks = sum(held.num_kv_blocks for held in worker.held.values())
         worker.num_free_blocks = max(0, report.num_free_blocks - held_blocks)
         worker.running_run_ids = report.running_run_ids
         worker.reported_at = now
         worker.draining = report.draining
         worker.tenants = report.tenants
         worker.suspends_runs = report.suspends_runs
+        worker.refused_room = False
         if report.model is not None:
             worker.model = report.model
         if report.adapters is not None:
@@ -241,21 +248,24 @@ class WorkerRegistry:
         worker = self._workers.get(worker_id)
         if worker is not None:
             worker.num_free_blocks = min(worker.num_free_blocks, num_kv_blocks - 1)
-            worker.tenants = ()
+            worker.refused_room = True
 
-    def reserve(self, worker_id: str, run_id: str, num_kv_blocks: int, now: float) -> None:
-        """Holds `num_kv_blocks` of the worker's for `run_id`, until a report lists it."""
+    def reserve(self, worker_id: str, run: Holding) -> None:
+        """Holds the run's blocks of the worker's, until a report lists it (`run.since`:
+        now). Its tenant counts them there meanwhile, for shares."""
         worker = self._workers.get(worker_id)
         if worker is not None:
-            worker.num_free_blocks = max(0, worker.num_free_blocks - num_kv_blocks)
-            worker.held[run_id] = (num_kv_blocks, now)
+            worker.num_free_blocks = max(0, worker.num_free_blocks - run.num_kv_blocks)
+            worker.held[run.run_id] = run
 
     def release(self, worker_id: str, run_id: str) -> None:
         """Gives back what `reserve` took for a run the worker did not take."""
         worker = self._workers.get(worker_id)
         held = worker.held.pop(run_id, None) if worker is not None else None
         if worker is not None and held is not None:
-            worker.num_free_blocks = min(worker.capacity, worker.num_free_blocks + held[0])
+            worker.num_free_blocks = min(
+                worker.capacity, worker.num_free_blocks + held.num_kv_blocks
+            )
 
     def run_ended(self, run_id: str) -> None:
         """`run_id` holds no blocks any more, wherever it was reserved; the next report

@@ -121,6 +121,28 @@ def test_an_interactive_run_under_its_share_goes_where_runs_would_make_room() ->
     assert state.take_next(now=0.0) is None
 
 
+def test_a_run_on_its_way_counts_for_its_tenant_before_the_worker_reports_it() -> None:
+    registry = WorkerRegistry()
+    registry.add_static("w1", "host:1")
+    idle = WorkerReport(64, num_total_blocks=64, suspends_runs=True)
+    registry.observe("w1", idle, now=0.0)
+    state = SchedulerState(registry)
+    state.enqueue(of_tenant("flood", "flood", QueueClass.BATCH, 60))
+    flood = state.take_next(now=0.0)
+    assert flood is not None
+    registry.reserve("w1", flood.holding(since=0.0))
+    # Its blocks are taken at once, and the flood is over its share of them at once: the
+    # light tenant's interactive run need not wait for the worker's next report.
+    state.enqueue(of_tenant("light", "light", QueueClass.INTERACTIVE, 8))
+    taken = state.take_next(now=0.0)
+    assert taken is not None and taken.run_id == "light"
+    registry.mark_full("w1", 8)  # the worker refused it: no room made until it reports
+    state.put_back(taken)
+    assert state.take_next(now=0.0) is None
+    registry.observe("w1", idle, now=1.0)  # crossed the flood's assignment: still held
+    assert (again := state.take_next(now=1.0)) is not None and again.run_id == "light"
+
+
 def test_no_room_is_made_on_a_worker_that_does_not_suspend_or_past_a_share() -> None:
     state = flooded(suspends_runs=False)
     state.enqueue(of_tenant("light", "light", QueueClass.INTERACTIVE, 2))

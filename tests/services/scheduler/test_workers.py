@@ -1,3 +1,4 @@
+from services.core.shares import Holding
 from services.scheduler.workers import WorkerRegistry, WorkerReport
 
 
@@ -23,7 +24,7 @@ def test_choose_prefers_the_most_free_blocks_and_respects_model_and_room() -> No
     registry.heartbeat("other", report(100, model=None), now=0)
     assert registry.choose(5, "tiny").worker_id == "w2"  # type: ignore[union-attr]
     assert registry.choose(10, "tiny") is None
-    registry.reserve("w2", "run_a", 6, now=0)
+    registry.reserve("w2", Holding("run_a", "t", 1, 6))
     assert registry.choose(4, "tiny").worker_id == "w1"  # type: ignore[union-attr]
 
 
@@ -35,7 +36,7 @@ def test_a_report_that_crossed_an_assignment_does_not_hand_its_blocks_out_again(
     registry = WorkerRegistry()
     registry.register("w1", "h:1", "tiny", now=0)
     registry.heartbeat("w1", held_report(10), now=0)
-    registry.reserve("w1", "run_a", 6, now=0)
+    registry.reserve("w1", Holding("run_a", "t", 1, 6))
     # Written before the worker took run_a: 10 free, run_a not among its runs.
     registry.heartbeat("w1", held_report(10), now=0.1)
     assert registry.get("w1").num_free_blocks == 4  # type: ignore[union-attr]
@@ -51,7 +52,7 @@ def test_held_blocks_come_back_when_the_run_ends_the_assignment_fails_or_time_pa
     registry.register("w1", "h:1", "tiny", now=0)
     registry.heartbeat("w1", held_report(10), now=0)
     for run_id in ("ended", "refused", "lost"):
-        registry.reserve("w1", run_id, 2, now=0)
+        registry.reserve("w1", Holding(run_id, "t", 1, 2))
     registry.release("w1", "refused")  # the worker did not take it
     assert registry.get("w1").num_free_blocks == 6  # type: ignore[union-attr]
     registry.run_ended("ended")  # ended before any report listed it
