@@ -6,9 +6,10 @@
  * of x by up to three panels (simd.h) keeps its sums in registers while it walks K: each step
  * loads the panels' 16 weights each and broadcasts each row's input once for all of them.
  * So each weight read from memory serves every row of x, which is what decode steps (a few
- * rows against all of a layer's weights) are bound by. While the first tile of rows walks a panel, it asks for the
- * task's next panel: the tiles after it multiply from cache while that panel arrives, and the
- * next panel's first tile finds it there, so reading weights overlaps multiplying them.
+ * rows against all of a layer's weights) are bound by. While the first tile of rows walks a
+ * panel, it asks for the task's next panel: the tiles after it multiply from cache while
+ * that panel arrives, and the next panel's first tile finds it there, so reading weights
+ * overlaps multiplying them.
  *
  * Threads take the work in tasks, one block of MC rows of x by a chunk of panels, each the
  * next as they finish the last: a thread that the OS takes off its core (for another process

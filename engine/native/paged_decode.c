@@ -46,11 +46,7 @@ static inline const float *cache_row(const Job *job, int64_t head, int64_t slot,
                                      int64_t dim, float *scratch) {
     const int64_t offset = row_offset(job, head, slot, values, dim);
     if (!job->bf16) return (const float *)job->cache + offset;
-    const uint16_t *src = (const uint16_t *)job->cache + offset;
-    for (int64_t e = 0; e < dim; e++) {
-        const uint32_t bits = (uint32_t)src[e] << 16;
-        memcpy(&scratch[e], &bits, sizeof(float));
-    }
+    widen_bf16((const uint16_t *)job->cache + offset, dim, scratch);
     return scratch;
 }
 
@@ -153,7 +149,8 @@ static inline __attribute__((always_inline)) __m512 load_row16(const Job *job, i
                                                                int64_t dim, int64_t c) {
     const int64_t offset = row_offset(job, head, slot, values, dim) + 16 * c;
     if (!job->bf16) return _mm512_loadu_ps((const float *)job->cache + offset);
-    const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)job->cache + offset));
+    const uint16_t *row = (const uint16_t *)job->cache + offset;
+    const __m256i half = _mm256_loadu_si256((const __m256i *)row);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 

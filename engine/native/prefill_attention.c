@@ -49,11 +49,7 @@ static const float *cache_row(const Job *job, int values, int64_t head, int64_t 
         job->blocks[position / job->block_size] * job->block_size + position % job->block_size;
     const int64_t at = (((values ? job->kv_heads : 0) + head) * job->slots + slot) * job->dim;
     if (!job->bf16) return (const float *)job->cache + at;
-    const uint16_t *src = (const uint16_t *)job->cache + at;
-    for (int64_t d = 0; d < job->dim; d++) {
-        const uint32_t bits = (uint32_t)src[d] << 16; /* a bfloat16 is a float32's upper half */
-        memcpy(scratch + d, &bits, sizeof(float));
-    }
+    widen_bf16((const uint16_t *)job->cache + at, job->dim, scratch);
     return scratch;
 }
 
@@ -120,8 +116,7 @@ int tollgate_prefill_attention(const float *q, int64_t ldq, const void *cache, i
     if (num_query <= 0) return 0;
     const int64_t padded = (context_len + NR - 1) / NR * NR;
     Job job = {.q = q, .ldq = ldq, .cache = cache, .bf16 = bf16, .blocks = blocks, .out = out,
-               .ldo = ldo,
-               .num_query = num_query, .context_len = context_len, .heads = heads,
+               .ldo = ldo, .num_query = num_query, .context_len = context_len, .heads = heads,
                .kv_heads = kv_heads, .dim = dim, .block_size = block_size, .slots = slots,
                .scale = scale, .padded = padded};
     job.keys = malloc(sizeof(float) * (size_t)(kv_heads * padded * dim));

@@ -45,6 +45,14 @@ static inline v16 widen16(const int8_t *p) {
 #endif
 }
 
+/* dst[0 .. n) = the bfloat16 values at src as floats (a bfloat16 is a float's upper half). */
+static inline void widen_bf16(const uint16_t *src, int64_t n, float *dst) {
+    for (int64_t e = 0; e < n; e++) {
+        const uint32_t bits = (uint32_t)src[e] << 16;
+        memcpy(dst + e, &bits, sizeof(float));
+    }
+}
+
 /* The weights of panel row k as one vector of 16 floats; the bytes of one panel row. */
 #define LOAD_FLOAT_ROW_BYTES 64
 #define LOAD_INT8_ROW_BYTES 16
